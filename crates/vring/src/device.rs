@@ -1,0 +1,651 @@
+//! The device side of a split virtqueue: pop validated chains, return them used in batches,
+//! and decide when to notify the driver (spec 2.7.7, 2.7.8, 2.7.10; Linux drivers/vhost).
+//!
+//! Used entries are written as they complete but `used.idx` is published once per batch (seed
+//! 001): the driver never reads an element before the index that covers it, so one release
+//! store per batch is enough, and the driver touches the index cache line once per batch.
+
+use std::sync::atomic::{fence, Ordering::SeqCst};
+use std::sync::Arc;
+
+use crate::chain::Chain;
+use crate::event::vring_need_event;
+use crate::layout::{AVAIL_F_NO_INTERRUPT, USED_F_NO_NOTIFY};
+use crate::ring::Rings;
+use crate::{Error, GuestMemory, QueueConfig};
+
+/// The default number of used entries written before `used.idx` is published (Linux's
+/// VHOST_NET_BATCH).
+pub const DEFAULT_USED_BATCH: u16 = 64;
+
+/// Counters kept by a device queue. Plain integers: a queue has one owner at a time; a
+/// caller that shares them across threads copies them into its own atomics.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DeviceStats {
+    /// Chains popped.
+    pub popped: u64,
+    /// Used elements written.
+    pub used: u64,
+    /// Stores to `used.idx` (one per published batch).
+    pub used_idx_stores: u64,
+    /// `needs_notification` answers: notify, or suppressed.
+    pub notifications: u64,
+    pub notifications_suppressed: u64,
+    /// `enable_notification` calls that found the ring non-empty on the re-check.
+    pub enable_rechecks_hit: u64,
+}
+
+/// A running device-side queue.
+#[derive(Debug)]
+pub struct DeviceQueue {
+    rings: Rings,
+    mem: Arc<GuestMemory>,
+    config: QueueConfig,
+    mask: u16,
+    event_idx: bool,
+    indirect: bool,
+    notify_on_empty: bool,
+    /// Next avail entry to pop.
+    last_avail: u16,
+    /// The last value read from `avail.idx`; `last_avail..avail_cache` are known to be ready.
+    avail_cache: u16,
+    /// Next used index to write.
+    next_used: u16,
+    /// The last value stored to `used.idx`.
+    published_used: u16,
+    batch: u16,
+    /// The used index at the last notification decision, and whether it is still meaningful
+    /// (it is not once the used index has wrapped past it).
+    signalled_used: u16,
+    signalled_used_valid: bool,
+    used_flags: u16,
+    broken: Option<Error>,
+    stats: DeviceStats,
+}
+
+impl DeviceQueue {
+    /// Checks `config` against `mem` and starts the queue at avail index `next_avail` (what
+    /// vhost-user's SET_VRING_BASE gives). The used index continues from what the ring holds.
+    pub fn activate(
+        config: &QueueConfig,
+        mem: Arc<GuestMemory>,
+        next_avail: u16,
+    ) -> Result<DeviceQueue, Error> {
+        let rings = Rings::new(&mem, config.size(), &config.rings())?;
+        let next_used = rings.used_idx_relaxed();
+        Ok(DeviceQueue {
+            mask: config.size() - 1,
+            event_idx: config.event_idx(),
+            indirect: config.indirect(),
+            notify_on_empty: config.notify_on_empty(),
+            last_avail: next_avail,
+            avail_cache: next_avail,
+            next_used,
+            published_used: next_used,
+            batch: DEFAULT_USED_BATCH.min(config.size()),
+            signalled_used: next_used,
+            signalled_used_valid: false,
+            used_flags: 0,
+            broken: None,
+            stats: DeviceStats::default(),
+            config: *config,
+            rings,
+            mem,
+        })
+    }
+
+    pub fn config(&self) -> &QueueConfig {
+        &self.config
+    }
+    pub fn memory(&self) -> &Arc<GuestMemory> {
+        &self.mem
+    }
+    pub fn stats(&self) -> DeviceStats {
+        self.stats
+    }
+    /// The next avail index to pop: what GET_VRING_BASE returns.
+    pub fn next_avail(&self) -> u16 {
+        self.last_avail
+    }
+    /// The first protocol violation, if the queue is broken.
+    pub fn broken(&self) -> Option<&Error> {
+        self.broken.as_ref()
+    }
+
+    /// Sets how many used entries are written before `used.idx` is published (1 = publish
+    /// every entry). Clamped to 1..=queue size.
+    pub fn set_used_batch(&mut self, batch: u16) {
+        self.batch = batch.clamp(1, self.config.size());
+    }
+
+    #[inline]
+    fn check_broken(&self) -> Result<(), Error> {
+        match &self.broken {
+            None => Ok(()),
+            Some(reason) => Err(Error::Broken {
+                reason: Box::new(reason.clone()),
+            }),
+        }
+    }
+
+    #[cold]
+    fn fail(&mut self, e: Error) -> Error {
+        self.broken = Some(e.clone());
+        e
+    }
+
+    /// Reads `avail.idx` and checks it; returns whether entries are ready.
+    #[inline]
+    fn refresh_avail(&mut self) -> Result<bool, Error> {
+        // Acquire pairs with the driver's release store of avail.idx (DriverQueue::add): the
+        // ring entries and descriptors written before it are visible once we see the index.
+        let idx = self.rings.avail_idx_acquire();
+        if idx.wrapping_sub(self.last_avail) > self.config.size() {
+            let size = self.config.size();
+            return Err(self.fail(Error::AvailIdxOutOfRange {
+                avail_idx: idx,
+                last_avail: self.last_avail,
+                size,
+            }));
+        }
+        self.avail_cache = idx;
+        Ok(idx != self.last_avail)
+    }
+
+    /// Whether the avail ring holds chains not yet popped (reads `avail.idx` if the cached
+    /// value says empty). For busy polling.
+    #[inline]
+    pub fn avail_pending(&mut self) -> Result<bool, Error> {
+        self.check_broken()?;
+        if self.last_avail != self.avail_cache {
+            return Ok(true);
+        }
+        self.refresh_avail()
+    }
+
+    /// Pops the next available chain into `chain`, reusing its allocation. Returns false when
+    /// the ring is empty. Any malformed chain breaks the queue.
+    #[inline]
+    pub fn pop_into(&mut self, chain: &mut Chain) -> Result<bool, Error> {
+        self.check_broken()?;
+        if self.last_avail == self.avail_cache && !self.refresh_avail()? {
+            return Ok(false);
+        }
+        let head = self.rings.avail_entry(self.last_avail & self.mask);
+        if head > self.mask {
+            return Err(self.fail(Error::HeadOutOfRange {
+                head,
+                size: self.config.size(),
+            }));
+        }
+        if let Err(e) = chain.walk(&self.rings, &self.mem, self.indirect, head) {
+            return Err(self.fail(e));
+        }
+        self.last_avail = self.last_avail.wrapping_add(1);
+        self.stats.popped += 1;
+        Ok(true)
+    }
+
+    /// Pops the next available chain, or `None` when the ring is empty.
+    pub fn pop(&mut self) -> Result<Option<Chain>, Error> {
+        let mut chain = Chain::new();
+        Ok(self.pop_into(&mut chain)?.then_some(chain))
+    }
+
+    /// Hands back the last `count` chains popped but not used, so they are popped again (vhost's
+    /// `vhost_discard_vq_desc`, for a packet that could not be sent).
+    pub fn undo_pop(&mut self, count: u16) {
+        self.last_avail = self.last_avail.wrapping_sub(count);
+    }
+
+    /// Writes a used element for chain `head` with `len` bytes written into its writable
+    /// part. `used.idx` is published when the batch is full, or by [`DeviceQueue::flush`].
+    #[inline]
+    pub fn add_used(&mut self, head: u16, len: u32) -> Result<(), Error> {
+        self.check_broken()?;
+        self.rings
+            .set_used_elem(self.next_used & self.mask, head as u32, len);
+        self.next_used = self.next_used.wrapping_add(1);
+        self.stats.used += 1;
+        if self.next_used.wrapping_sub(self.published_used) >= self.batch {
+            self.flush();
+        }
+        Ok(())
+    }
+
+    /// Publishes the used elements written so far with one store of `used.idx`. Call it
+    /// before waiting or busy polling, so the driver never waits on unpublished work.
+    #[inline]
+    pub fn flush(&mut self) {
+        let (old, new) = (self.published_used, self.next_used);
+        if old == new {
+            return;
+        }
+        // Release: the used elements written above become visible before the index that
+        // covers them; pairs with the driver's acquire load of used.idx (get_used).
+        self.rings.set_used_idx_release(new);
+        self.published_used = new;
+        self.stats.used_idx_stores += 1;
+        // If the driver has not been notified for a long while, the used index may wrap past
+        // signalled_used; it then says nothing about what the driver saw (vhost_add_used_n).
+        if new.wrapping_sub(self.signalled_used) < new.wrapping_sub(old) {
+            self.signalled_used_valid = false;
+        }
+    }
+
+    /// Publishes pending used entries, then says whether the driver asked to be notified of
+    /// them: through `used_event` with EVENT_IDX, else through the NO_INTERRUPT flag.
+    pub fn needs_notification(&mut self) -> bool {
+        if self.broken.is_some() {
+            return false;
+        }
+        self.flush();
+        if self.signalled_used_valid && self.signalled_used == self.published_used {
+            return false; // Nothing new since the last decision.
+        }
+        // Full fence: our used.idx store must be visible before we read used_event/flags;
+        // pairs with the driver's fence in enable_cb between its used_event/flags store and
+        // its used.idx re-read. Without it each side can miss the other: a lost interrupt.
+        fence(SeqCst);
+        let need = if self.notify_on_empty
+            && self.last_avail == self.avail_cache
+            && self.rings.avail_idx_acquire() == self.last_avail
+        {
+            true
+        } else if self.event_idx {
+            let (old, valid) = (self.signalled_used, self.signalled_used_valid);
+            !valid || vring_need_event(self.rings.used_event(), self.published_used, old)
+        } else {
+            self.rings.avail_flags() & AVAIL_F_NO_INTERRUPT == 0
+        };
+        self.signalled_used = self.published_used;
+        self.signalled_used_valid = true;
+        if need {
+            self.stats.notifications += 1;
+        } else {
+            self.stats.notifications_suppressed += 1;
+        }
+        need
+    }
+
+    /// Asks the driver for available-buffer notifications again, then re-checks the ring.
+    /// Returns whether chains are pending, in which case the caller must keep processing
+    /// instead of sleeping. Also flushes the used batch, since the caller is about to wait.
+    pub fn enable_notification(&mut self) -> Result<bool, Error> {
+        self.check_broken()?;
+        self.flush();
+        if self.event_idx {
+            self.rings.set_avail_event(self.avail_cache);
+        } else if self.used_flags & USED_F_NO_NOTIFY != 0 {
+            self.used_flags &= !USED_F_NO_NOTIFY;
+            self.rings.set_used_flags(self.used_flags);
+        }
+        // Full fence: the avail_event/flags store must be visible before we re-read
+        // avail.idx; pairs with the driver's fence in kick_prepare between its avail.idx store
+        // and its avail_event/flags load. This re-check is what prevents the lost wake-up.
+        fence(SeqCst);
+        let pending = self.last_avail != self.avail_cache || self.refresh_avail()?;
+        if pending {
+            self.stats.enable_rechecks_hit += 1;
+        }
+        Ok(pending)
+    }
+
+    /// Asks the driver not to notify (the device is polling). With EVENT_IDX nothing is
+    /// written: `avail_event` simply stops moving, so the driver stops passing it.
+    pub fn disable_notification(&mut self) {
+        if !self.event_idx && self.used_flags & USED_F_NO_NOTIFY == 0 {
+            self.used_flags |= USED_F_NO_NOTIFY;
+            self.rings.set_used_flags(self.used_flags);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layout::{DESC_F_INDIRECT as IND, DESC_F_NEXT as NEXT, DESC_F_WRITE as WRITE};
+    use crate::testutil::*;
+    use crate::{Features, GuestAddress, Segment};
+
+    const DATA: u64 = DATA_BASE.0;
+
+    /// Asserts that popping fails with `want`, that the queue is broken, and that every later
+    /// call fails too.
+    fn assert_breaks(p: &mut Pair, want: Error) {
+        assert_eq!(p.device.pop(), Err(want.clone()));
+        assert_eq!(p.device.broken(), Some(&want));
+        let broken = Error::Broken {
+            reason: Box::new(want),
+        };
+        assert_eq!(p.device.pop(), Err(broken.clone()));
+        assert_eq!(p.device.add_used(0, 0), Err(broken.clone()));
+        assert_eq!(p.device.enable_notification(), Err(broken));
+        assert!(!p.device.needs_notification());
+    }
+
+    #[test]
+    fn chain_comes_out_as_it_went_in() {
+        let mut p = pair(8, Features::EMPTY);
+        p.driver
+            .add(&[buf(0, 10), buf(1, 20)], &[buf(2, 30)], 7)
+            .unwrap();
+        let c = p.device.pop().unwrap().unwrap();
+        assert_eq!(c.readable().len(), 2);
+        assert_eq!(
+            c.writable(),
+            &[Segment {
+                addr: GuestAddress(DATA + 2 * 4096),
+                len: 30
+            }]
+        );
+        assert_eq!((c.readable_len(), c.writable_len()), (30, 30));
+        assert_eq!(p.device.pop(), Ok(None));
+        p.device.add_used(c.head(), 25).unwrap();
+        assert_eq!(p.driver.get_used(), Ok(None), "not published before flush");
+        p.device.flush();
+        assert_eq!(p.driver.get_used(), Ok(Some((7, 25))));
+        assert_eq!(p.driver.num_free(), 8);
+    }
+
+    #[test]
+    fn used_idx_is_published_once_per_batch() {
+        let mut p = pair(256, Features::EMPTY);
+        for i in 0..200 {
+            p.driver.add(&[buf(0, 64)], &[], i).unwrap();
+        }
+        while let Some(c) = p.device.pop().unwrap() {
+            p.device.add_used(c.head(), 0).unwrap();
+        }
+        p.device.flush();
+        // 200 entries in batches of 64: 3 full batches and the flushed rest.
+        assert_eq!(p.device.stats().used_idx_stores, 4);
+        for i in 0..200 {
+            assert_eq!(p.driver.get_used().unwrap().unwrap().0, i);
+        }
+    }
+
+    #[test]
+    fn avail_index_too_far_ahead_breaks_the_queue() {
+        let mut p = pair(8, Features::EMPTY);
+        p.set_avail_idx(9);
+        assert_breaks(
+            &mut p,
+            Error::AvailIdxOutOfRange {
+                avail_idx: 9,
+                last_avail: 0,
+                size: 8,
+            },
+        );
+    }
+
+    #[test]
+    fn head_out_of_range_breaks_the_queue() {
+        let mut p = pair(8, Features::EMPTY);
+        p.publish(0, &[8]);
+        assert_breaks(&mut p, Error::HeadOutOfRange { head: 8, size: 8 });
+    }
+
+    #[test]
+    fn next_out_of_range_breaks_the_queue() {
+        let mut p = pair(8, Features::EMPTY);
+        p.write_desc(0, DATA, 64, NEXT, 12);
+        p.publish(0, &[0]);
+        assert_breaks(
+            &mut p,
+            Error::NextOutOfRange {
+                index: 0,
+                next: 12,
+                size: 8,
+            },
+        );
+    }
+
+    #[test]
+    fn descriptor_loop_breaks_the_queue() {
+        let mut p = pair(8, Features::EMPTY);
+        p.write_desc(0, DATA, 64, NEXT, 1);
+        p.write_desc(1, DATA, 64, NEXT, 0);
+        p.publish(0, &[0]);
+        assert_breaks(&mut p, Error::ChainLoop { head: 0, max: 8 });
+    }
+
+    #[test]
+    fn buffer_outside_memory_breaks_the_queue() {
+        let mut p = pair(8, Features::EMPTY);
+        let addr = MEM_SIZE as u64 - 10;
+        p.write_desc(0, addr, 64, 0, 0);
+        p.publish(0, &[0]);
+        assert_breaks(
+            &mut p,
+            Error::BufferOutOfMemory {
+                index: 0,
+                addr,
+                len: 64,
+            },
+        );
+    }
+
+    #[test]
+    fn buffer_with_wrapping_address_breaks_the_queue() {
+        let mut p = pair(8, Features::EMPTY);
+        p.write_desc(0, u64::MAX - 1, 64, 0, 0);
+        p.publish(0, &[0]);
+        assert_breaks(
+            &mut p,
+            Error::BufferOutOfMemory {
+                index: 0,
+                addr: u64::MAX - 1,
+                len: 64,
+            },
+        );
+    }
+
+    #[test]
+    fn readable_after_writable_breaks_the_queue() {
+        let mut p = pair(8, Features::EMPTY);
+        p.write_desc(0, DATA, 64, NEXT | WRITE, 1);
+        p.write_desc(1, DATA, 64, 0, 0);
+        p.publish(0, &[0]);
+        assert_breaks(&mut p, Error::ReadableAfterWritable { index: 1 });
+    }
+
+    #[test]
+    fn indirect_without_the_feature_breaks_the_queue() {
+        let mut p = pair(8, Features::EMPTY);
+        p.write_desc(0, INDIRECT_BASE.0, 32, IND, 0);
+        p.publish(0, &[0]);
+        assert_breaks(&mut p, Error::IndirectNotNegotiated { index: 0 });
+    }
+
+    fn indirect_pair() -> Pair {
+        pair(8, Features::RING_INDIRECT_DESC)
+    }
+
+    #[test]
+    fn indirect_with_next_breaks_the_queue() {
+        let mut p = indirect_pair();
+        p.write_desc(0, INDIRECT_BASE.0, 32, IND | NEXT, 1);
+        p.publish(0, &[0]);
+        assert_breaks(&mut p, Error::IndirectWithNext { index: 0 });
+    }
+
+    #[test]
+    fn indirect_length_not_a_multiple_of_16_breaks_the_queue() {
+        for len in [0, 24] {
+            let mut p = indirect_pair();
+            p.write_desc(0, INDIRECT_BASE.0, len, IND, 0);
+            p.publish(0, &[0]);
+            assert_breaks(&mut p, Error::IndirectBadLength { index: 0, len });
+        }
+    }
+
+    #[test]
+    fn indirect_table_larger_than_the_queue_breaks_the_queue() {
+        let mut p = indirect_pair();
+        p.write_desc(0, INDIRECT_BASE.0, 16 * 9, IND, 0);
+        p.publish(0, &[0]);
+        assert_breaks(
+            &mut p,
+            Error::IndirectTooLarge {
+                index: 0,
+                entries: 9,
+                max: 8,
+            },
+        );
+    }
+
+    #[test]
+    fn indirect_table_outside_memory_breaks_the_queue() {
+        let mut p = indirect_pair();
+        let addr = MEM_SIZE as u64 - 16;
+        p.write_desc(0, addr, 32, IND, 0);
+        p.publish(0, &[0]);
+        assert_breaks(
+            &mut p,
+            Error::IndirectOutOfMemory {
+                index: 0,
+                addr,
+                len: 32,
+            },
+        );
+    }
+
+    #[test]
+    fn nested_indirect_breaks_the_queue() {
+        let mut p = indirect_pair();
+        p.write_desc(0, INDIRECT_BASE.0, 32, IND, 0);
+        p.write_desc_at(INDIRECT_BASE, DATA, 64, NEXT, 1);
+        p.write_desc_at(
+            GuestAddress(INDIRECT_BASE.0 + 16),
+            INDIRECT_BASE.0,
+            16,
+            IND,
+            0,
+        );
+        p.publish(0, &[0]);
+        assert_breaks(&mut p, Error::NestedIndirect { index: 1 });
+    }
+
+    #[test]
+    fn indirect_loop_and_bad_next_break_the_queue() {
+        let mut p = indirect_pair();
+        p.write_desc(0, INDIRECT_BASE.0, 32, IND, 0);
+        p.write_desc_at(INDIRECT_BASE, DATA, 64, NEXT, 1);
+        p.write_desc_at(GuestAddress(INDIRECT_BASE.0 + 16), DATA, 64, NEXT, 0);
+        p.publish(0, &[0]);
+        assert_breaks(&mut p, Error::ChainLoop { head: 0, max: 2 });
+
+        let mut p = indirect_pair();
+        p.write_desc(0, INDIRECT_BASE.0, 32, IND, 0);
+        p.write_desc_at(INDIRECT_BASE, DATA, 64, NEXT, 2);
+        p.publish(0, &[0]);
+        assert_breaks(
+            &mut p,
+            Error::NextOutOfRange {
+                index: 0,
+                next: 2,
+                size: 2,
+            },
+        );
+    }
+
+    #[test]
+    fn unaligned_indirect_table_is_read_by_copy() {
+        let mut p = indirect_pair();
+        let table = INDIRECT_BASE.0 + 4;
+        p.write_desc(0, table, 32, IND, 0);
+        p.write_desc_at(GuestAddress(table), DATA, 64, NEXT, 1);
+        p.write_desc_at(GuestAddress(table + 16), DATA + 4096, 128, WRITE, 0);
+        p.publish(0, &[0]);
+        let c = p.device.pop().unwrap().unwrap();
+        assert_eq!((c.readable_len(), c.writable_len()), (64, 128));
+    }
+
+    #[test]
+    fn a_broken_queue_leaves_other_queues_working() {
+        let mut bad = pair(8, Features::EMPTY);
+        let mut good = pair(8, Features::EMPTY);
+        bad.publish(0, &[9]);
+        assert!(bad.device.pop().is_err());
+        good.driver.add(&[buf(0, 1)], &[], 1).unwrap();
+        assert!(good.device.pop().unwrap().is_some());
+    }
+
+    #[test]
+    fn flag_mode_notifications_follow_the_flags() {
+        let mut p = pair(8, Features::EMPTY);
+        p.driver.add(&[buf(0, 1)], &[], 1).unwrap();
+        assert!(
+            p.driver.kick_prepare(),
+            "device has not disabled notifications"
+        );
+        p.device.disable_notification();
+        p.driver.add(&[buf(0, 1)], &[], 2).unwrap();
+        assert!(!p.driver.kick_prepare(), "NO_NOTIFY is set");
+        while let Some(c) = p.device.pop().unwrap() {
+            p.device.add_used(c.head(), 0).unwrap();
+        }
+        assert!(p.device.needs_notification());
+        p.driver.disable_cb();
+        p.driver.add(&[buf(0, 1)], &[], 3).unwrap();
+        let c = p.device.pop().unwrap().unwrap();
+        p.device.add_used(c.head(), 0).unwrap();
+        assert!(!p.device.needs_notification(), "NO_INTERRUPT is set");
+        assert!(!p.device.enable_notification().unwrap());
+        p.driver.add(&[buf(0, 1)], &[], 4).unwrap();
+        assert!(p.driver.kick_prepare());
+    }
+
+    #[test]
+    fn event_idx_kicks_only_when_avail_event_is_passed() {
+        let mut p = pair(8, Features::RING_EVENT_IDX);
+        p.driver.add(&[buf(0, 1)], &[], 1).unwrap();
+        // avail_event starts at 0: the first add (0 -> 1) passes it.
+        assert!(p.driver.kick_prepare());
+        p.driver.add(&[buf(0, 1)], &[], 2).unwrap();
+        assert!(!p.driver.kick_prepare(), "avail_event 0 already passed");
+        p.device.pop().unwrap().unwrap();
+        p.device.pop().unwrap().unwrap();
+        assert!(!p.device.enable_notification().unwrap());
+        p.driver.add(&[buf(0, 1)], &[], 3).unwrap();
+        assert!(p.driver.kick_prepare(), "device asked at index 2");
+    }
+
+    #[test]
+    fn event_idx_interrupts_only_when_used_event_is_passed() {
+        let mut p = pair(8, Features::RING_EVENT_IDX);
+        for i in 0..4 {
+            p.driver.add(&[buf(0, 1)], &[], i).unwrap();
+        }
+        // Ask for an interrupt once 3/4 of the 4 in flight are used: used_event = 3.
+        assert!(!p.driver.enable_cb_delayed());
+        let mut heads = vec![];
+        while let Some(c) = p.device.pop().unwrap() {
+            heads.push(c.head());
+        }
+        p.device.add_used(heads[0], 0).unwrap();
+        // The first decision has no history (signalled_used invalid): it notifies.
+        assert!(p.device.needs_notification());
+        p.device.add_used(heads[1], 0).unwrap();
+        p.device.add_used(heads[2], 0).unwrap();
+        assert!(
+            !p.device.needs_notification(),
+            "used 1 -> 3 does not pass used_event 3"
+        );
+        p.device.add_used(heads[3], 0).unwrap();
+        assert!(
+            p.device.needs_notification(),
+            "used 3 -> 4 passes used_event 3"
+        );
+    }
+
+    #[test]
+    fn enable_notification_rechecks_the_ring() {
+        let mut p = pair(8, Features::RING_EVENT_IDX);
+        p.driver.add(&[buf(0, 1)], &[], 1).unwrap();
+        // The device enables notifications with work already there: it must see it.
+        assert_eq!(p.device.enable_notification(), Ok(true));
+        assert_eq!(p.device.stats().enable_rechecks_hit, 1);
+    }
+}

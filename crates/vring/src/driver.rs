@@ -1,0 +1,655 @@
+//! The driver side of a split virtqueue: expose buffers, decide when to kick, reclaim used
+//! buffers (spec 2.7.13; Linux drivers/virtio/virtio_ring.c).
+//!
+//! The driver owns its free list and per-chain bookkeeping privately: nothing read back from
+//! shared memory (which the device may scribble on) is trusted to index its tables unchecked.
+
+use std::sync::atomic::{fence, AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
+use std::sync::Arc;
+
+use crate::event::vring_need_event;
+use crate::layout::{
+    AVAIL_F_NO_INTERRUPT, DESC_F_INDIRECT, DESC_F_NEXT, DESC_F_WRITE, DESC_SIZE, USED_F_NO_NOTIFY,
+};
+use crate::memory::SharedSlice;
+use crate::ring::{Desc, Rings};
+use crate::{Error, GuestAddress, GuestMemory, QueueConfig};
+
+/// One buffer to expose: `len` bytes at `addr` in the driver's memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Buf {
+    pub addr: GuestAddress,
+    pub len: u32,
+}
+
+impl Buf {
+    pub fn new(addr: GuestAddress, len: u32) -> Buf {
+        Buf { addr, len }
+    }
+}
+
+/// Memory set aside for indirect tables: `max_chain` entries for each of the queue's heads,
+/// so a head in flight always owns its table. Used when INDIRECT_DESC is negotiated.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IndirectArea {
+    pub addr: GuestAddress,
+    pub max_chain: u16,
+}
+
+impl IndirectArea {
+    /// Bytes the area needs for a queue of `size`.
+    pub fn bytes_needed(size: u16, max_chain: u16) -> u64 {
+        size as u64 * max_chain as u64 * DESC_SIZE
+    }
+}
+
+/// Counters kept by a driver queue.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DriverStats {
+    pub added: u64,
+    pub added_indirect: u64,
+    /// `kick_prepare` answers: kick, or suppressed.
+    pub kicks: u64,
+    pub kicks_suppressed: u64,
+    pub used: u64,
+    /// `enable_cb*` calls that found used entries already pending.
+    pub enable_rechecks_hit: u64,
+}
+
+#[derive(Debug)]
+struct Slot<T> {
+    token: Option<T>,
+    /// Descriptors this chain holds in the table (1 for an indirect chain).
+    ndescs: u16,
+    /// Bytes the device may write, to check the used length against.
+    writable: u64,
+}
+
+struct Indirect {
+    words: SharedSlice<AtomicU64>,
+    base: GuestAddress,
+    max_chain: u16,
+}
+
+/// A running driver-side queue; `T` is the caller's token for each chain in flight.
+pub struct DriverQueue<T> {
+    rings: Rings,
+    config: QueueConfig,
+    mask: u16,
+    event_idx: bool,
+    indirect: Option<Indirect>,
+    /// Private links: the free list, and each chain's order while in flight.
+    next: Vec<u16>,
+    slots: Vec<Slot<T>>,
+    free_head: u16,
+    num_free: u16,
+    avail_idx_shadow: u16,
+    /// Chains added since the last kick decision.
+    num_added: u16,
+    force_kick: bool,
+    publish_on_kick: bool,
+    last_used: u16,
+    used_cache: u16,
+    avail_flags_shadow: u16,
+    broken: Option<Error>,
+    stats: DriverStats,
+    _mem: Arc<GuestMemory>,
+}
+
+impl<T> std::fmt::Debug for DriverQueue<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DriverQueue")
+            .field("config", &self.config)
+            .field("num_free", &self.num_free)
+            .field("avail_idx", &self.avail_idx_shadow)
+            .field("last_used", &self.last_used)
+            .field("broken", &self.broken)
+            .finish()
+    }
+}
+
+impl<T> DriverQueue<T> {
+    /// Checks `config` against `mem`, initialises the rings (indices 0, callbacks enabled) and
+    /// returns an empty queue. `indirect` is used only if INDIRECT_DESC was negotiated.
+    pub fn activate(
+        config: &QueueConfig,
+        mem: Arc<GuestMemory>,
+        indirect: Option<IndirectArea>,
+    ) -> Result<DriverQueue<T>, Error> {
+        let size = config.size();
+        let rings = Rings::new(&mem, size, &config.rings())?;
+        let indirect = match indirect.filter(|_| config.indirect()) {
+            Some(a) if a.max_chain >= 2 => {
+                let words = a.max_chain as usize * size as usize * 2;
+                let words = mem.shared_slice::<AtomicU64>(a.addr, words)?;
+                Some(Indirect {
+                    words,
+                    base: a.addr,
+                    max_chain: a.max_chain,
+                })
+            }
+            _ => None,
+        };
+        rings.set_avail_flags(0);
+        rings.set_avail_idx_release(0);
+        rings.set_used_event(0);
+        let mut slots = Vec::with_capacity(size as usize);
+        slots.resize_with(size as usize, || Slot {
+            token: None,
+            ndescs: 0,
+            writable: 0,
+        });
+        Ok(DriverQueue {
+            mask: size - 1,
+            event_idx: config.event_idx(),
+            indirect,
+            next: (1..=size).collect(),
+            slots,
+            free_head: 0,
+            num_free: size,
+            avail_idx_shadow: 0,
+            num_added: 0,
+            force_kick: false,
+            publish_on_kick: false,
+            last_used: 0,
+            used_cache: 0,
+            avail_flags_shadow: 0,
+            broken: None,
+            stats: DriverStats::default(),
+            config: *config,
+            rings,
+            _mem: mem,
+        })
+    }
+
+    pub fn config(&self) -> &QueueConfig {
+        &self.config
+    }
+    pub fn stats(&self) -> DriverStats {
+        self.stats
+    }
+    pub fn broken(&self) -> Option<&Error> {
+        self.broken.as_ref()
+    }
+    /// Free descriptors (the capacity API of seed 002). An indirect chain takes one.
+    pub fn num_free(&self) -> u16 {
+        self.num_free
+    }
+    /// Chains in flight.
+    pub fn in_flight(&self) -> u16 {
+        self.avail_idx_shadow.wrapping_sub(self.last_used)
+    }
+    /// Whether a chain of `bufs` buffers is added as an indirect table.
+    pub fn uses_indirect(&self, bufs: usize) -> bool {
+        self.indirect
+            .as_ref()
+            .is_some_and(|i| bufs > 1 && bufs <= i.max_chain as usize)
+    }
+
+    /// Delays publishing `avail.idx` until `kick_prepare` (the behaviour seed 002 removed;
+    /// kept for experiments). Off by default: every `add` publishes.
+    pub fn set_publish_on_kick(&mut self, on: bool) {
+        self.publish_on_kick = on;
+    }
+
+    fn check_broken(&self) -> Result<(), Error> {
+        match &self.broken {
+            None => Ok(()),
+            Some(reason) => Err(Error::Broken {
+                reason: Box::new(reason.clone()),
+            }),
+        }
+    }
+
+    #[cold]
+    fn fail(&mut self, e: Error) -> Error {
+        self.broken = Some(e.clone());
+        e
+    }
+
+    /// Exposes a chain: `out` buffers the device reads, then `in_` buffers it writes. Uses an
+    /// indirect table when negotiated and the chain has more than one buffer.
+    pub fn add(&mut self, out: &[Buf], in_: &[Buf], token: T) -> Result<(), Error> {
+        self.check_broken()?;
+        let total = out.len() + in_.len();
+        if total == 0 {
+            return Err(Error::EmptyChain);
+        }
+        let indirect = self.uses_indirect(total);
+        let needed = if indirect { 1 } else { total };
+        if needed > self.num_free as usize {
+            return Err(Error::QueueFull {
+                needed,
+                free: self.num_free,
+            });
+        }
+        let head = self.free_head;
+        let bufs = out
+            .iter()
+            .map(|b| (b, 0))
+            .chain(in_.iter().map(|b| (b, DESC_F_WRITE)));
+        let writable = in_.iter().map(|b| b.len as u64).sum();
+        if let Some(ind) = &self.indirect.as_ref().filter(|_| indirect) {
+            let table = head as usize * ind.max_chain as usize;
+            let words = ind.words.as_slice();
+            for (i, (b, write)) in bufs.enumerate() {
+                let last = i + 1 == total;
+                let flags = write | if last { 0 } else { DESC_F_NEXT };
+                let next = if last { 0 } else { i as u16 + 1 };
+                let (a, w) = Desc {
+                    addr: b.addr.0,
+                    len: b.len,
+                    flags,
+                    next,
+                }
+                .to_words();
+                words[2 * (table + i)].store(a, Relaxed);
+                words[2 * (table + i) + 1].store(w, Relaxed);
+            }
+            let addr = ind.base.0 + table as u64 * DESC_SIZE;
+            let len = (total as u64 * DESC_SIZE) as u32;
+            self.rings.set_desc(
+                head,
+                Desc {
+                    addr,
+                    len,
+                    flags: DESC_F_INDIRECT,
+                    next: 0,
+                },
+            );
+            self.free_head = self.next[head as usize];
+            self.stats.added_indirect += 1;
+        } else {
+            let mut i = head;
+            for (n, (b, write)) in bufs.enumerate() {
+                let last = n + 1 == total;
+                let flags = write | if last { 0 } else { DESC_F_NEXT };
+                let next = if last { 0 } else { self.next[i as usize] };
+                self.rings.set_desc(
+                    i,
+                    Desc {
+                        addr: b.addr.0,
+                        len: b.len,
+                        flags,
+                        next,
+                    },
+                );
+                i = self.next[i as usize];
+            }
+            self.free_head = i;
+        }
+        self.num_free -= needed as u16;
+        self.slots[head as usize] = Slot {
+            token: Some(token),
+            ndescs: needed as u16,
+            writable,
+        };
+        self.rings
+            .set_avail_entry(self.avail_idx_shadow & self.mask, head);
+        self.avail_idx_shadow = self.avail_idx_shadow.wrapping_add(1);
+        self.num_added += 1;
+        // Past 65535 adds the kick window (new - old) would wrap: fold it and force a kick.
+        if self.num_added == u16::MAX {
+            self.num_added = 0;
+            self.force_kick = true;
+        }
+        if !self.publish_on_kick {
+            // Release: the descriptors and ring entry written above are visible before the
+            // index that exposes them; pairs with the device's acquire load of avail.idx.
+            self.rings.set_avail_idx_release(self.avail_idx_shadow);
+        }
+        self.stats.added += 1;
+        Ok(())
+    }
+
+    /// Whether the device must be kicked for the chains added since the last call: through
+    /// `avail_event` with EVENT_IDX, else through the NO_NOTIFY flag.
+    pub fn kick_prepare(&mut self) -> bool {
+        if self.publish_on_kick {
+            // Release, as in `add`.
+            self.rings.set_avail_idx_release(self.avail_idx_shadow);
+        }
+        if self.num_added == 0 && !self.force_kick {
+            return false;
+        }
+        // Full fence: our avail.idx store must be visible before we read avail_event/flags;
+        // pairs with the device's fence in enable_notification between its avail_event/flags
+        // store and its avail.idx re-read. Without it both sides can miss each other.
+        fence(SeqCst);
+        let new = self.avail_idx_shadow;
+        let old = new.wrapping_sub(self.num_added);
+        self.num_added = 0;
+        let need = std::mem::take(&mut self.force_kick)
+            || if self.event_idx {
+                vring_need_event(self.rings.avail_event(), new, old)
+            } else {
+                self.rings.used_flags() & USED_F_NO_NOTIFY == 0
+            };
+        if need {
+            self.stats.kicks += 1;
+        } else {
+            self.stats.kicks_suppressed += 1;
+        }
+        need
+    }
+
+    /// Whether the used ring holds entries not yet reclaimed.
+    pub fn used_pending(&mut self) -> bool {
+        self.last_used != self.used_cache || self.rings.used_idx_acquire() != self.last_used
+    }
+
+    /// Reclaims the next used chain: its token and the bytes the device wrote. Any bad used
+    /// element (index, id, length) breaks the queue.
+    pub fn get_used(&mut self) -> Result<Option<(T, u32)>, Error> {
+        self.check_broken()?;
+        if self.last_used == self.used_cache {
+            // Acquire pairs with the device's release store of used.idx (flush): the used
+            // elements are visible once we see the index.
+            let idx = self.rings.used_idx_acquire();
+            let in_flight = self.in_flight();
+            if idx.wrapping_sub(self.last_used) > in_flight {
+                let size = self.config.size();
+                return Err(self.fail(Error::UsedIdxOutOfRange {
+                    used_idx: idx,
+                    last_used: self.last_used,
+                    size,
+                }));
+            }
+            self.used_cache = idx;
+            if idx == self.last_used {
+                return Ok(None);
+            }
+        }
+        let (id, len) = self.rings.used_elem(self.last_used & self.mask);
+        if id > self.mask as u32 {
+            return Err(self.fail(Error::UsedIdOutOfRange {
+                id,
+                size: self.config.size(),
+            }));
+        }
+        let slot = &self.slots[id as usize];
+        if slot.token.is_none() {
+            return Err(self.fail(Error::UsedIdNotInFlight { id }));
+        }
+        if len as u64 > slot.writable {
+            let max = slot.writable.min(u32::MAX as u64) as u32;
+            return Err(self.fail(Error::UsedLenTooLarge { id, len, max }));
+        }
+        let token = self.detach(id as u16);
+        self.last_used = self.last_used.wrapping_add(1);
+        self.stats.used += 1;
+        if self.event_idx && self.avail_flags_shadow & AVAIL_F_NO_INTERRUPT == 0 {
+            // Callbacks are on: ask for the next one, and make that store visible before the
+            // next used.idx read (pairs with the device's fence in needs_notification).
+            self.rings.set_used_event(self.last_used);
+            fence(SeqCst);
+        }
+        Ok(token.map(|t| (t, len)))
+    }
+
+    /// Returns chain `head` to the free list and takes its token.
+    fn detach(&mut self, head: u16) -> Option<T> {
+        let slot = &mut self.slots[head as usize];
+        let token = slot.token.take();
+        let mut last = head;
+        for _ in 1..slot.ndescs {
+            last = self.next[last as usize];
+        }
+        self.next[last as usize] = self.free_head;
+        self.free_head = head;
+        self.num_free += slot.ndescs;
+        token
+    }
+
+    /// Asks the device not to send used-buffer notifications (the caller polls).
+    pub fn disable_cb(&mut self) {
+        if self.avail_flags_shadow & AVAIL_F_NO_INTERRUPT != 0 {
+            return;
+        }
+        self.avail_flags_shadow |= AVAIL_F_NO_INTERRUPT;
+        if self.event_idx {
+            // Move used_event as far as possible from where the used index is heading.
+            self.rings
+                .set_used_event(self.last_used.wrapping_add(0x8000));
+        } else {
+            self.rings.set_avail_flags(self.avail_flags_shadow);
+        }
+    }
+
+    /// Asks for a notification at the next used entry, then re-checks. Returns whether used
+    /// entries are already pending, in which case the caller must poll again rather than wait.
+    pub fn enable_cb(&mut self) -> bool {
+        let last_used = self.last_used;
+        self.enable_cb_at(last_used, 0)
+    }
+
+    /// Like [`DriverQueue::enable_cb`], but asks for the notification only after 3/4 of the
+    /// chains in flight are used (seed 002's delayed callbacks, for tx completions). Returns
+    /// whether more than that many are already pending.
+    pub fn enable_cb_delayed(&mut self) -> bool {
+        let bufs = (self.in_flight() as u32 * 3 / 4) as u16;
+        let event = self.last_used.wrapping_add(bufs);
+        self.enable_cb_at(event, bufs)
+    }
+
+    fn enable_cb_at(&mut self, used_event: u16, bufs: u16) -> bool {
+        if self.avail_flags_shadow & AVAIL_F_NO_INTERRUPT != 0 {
+            self.avail_flags_shadow &= !AVAIL_F_NO_INTERRUPT;
+            if !self.event_idx {
+                self.rings.set_avail_flags(self.avail_flags_shadow);
+            }
+        }
+        if self.event_idx {
+            self.rings.set_used_event(used_event);
+        }
+        // Full fence: the used_event/flags store must be visible before we re-read used.idx;
+        // pairs with the device's fence in needs_notification between its used.idx store and
+        // its used_event/flags load.
+        fence(SeqCst);
+        let pending = self.rings.used_idx_acquire().wrapping_sub(self.last_used) > bufs;
+        if pending {
+            self.stats.enable_rechecks_hit += 1;
+        }
+        pending
+    }
+
+    /// Takes back every chain in flight, for a reset: the device must be stopped. The queue
+    /// is left empty, with the rings at index 0 as after `activate`.
+    pub fn detach_unused(&mut self) -> Vec<T> {
+        let tokens = self
+            .slots
+            .iter_mut()
+            .filter_map(|s| s.token.take())
+            .collect();
+        let size = self.config.size();
+        self.next = (1..=size).collect();
+        self.free_head = 0;
+        self.num_free = size;
+        self.avail_idx_shadow = 0;
+        self.num_added = 0;
+        self.force_kick = false;
+        self.last_used = 0;
+        self.used_cache = 0;
+        self.broken = None;
+        self.rings.set_avail_idx_release(0);
+        self.rings.set_used_idx_release(0);
+        tokens
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testutil::*;
+    use crate::Features;
+
+    fn write_used(p: &Pair, slot: u16, id: u32, len: u32, idx: u16) {
+        let used = p.config.rings().used.0;
+        let mut e = [0u8; 8];
+        e[..4].copy_from_slice(&id.to_le_bytes());
+        e[4..].copy_from_slice(&len.to_le_bytes());
+        p.mem
+            .write(GuestAddress(used + 4 + 8 * slot as u64), &e)
+            .unwrap();
+        p.mem
+            .write(GuestAddress(used + 2), &idx.to_le_bytes())
+            .unwrap();
+    }
+
+    #[test]
+    fn indirect_chains_take_one_descriptor() {
+        let mut p = pair(8, Features::RING_INDIRECT_DESC);
+        for i in 0..8 {
+            p.driver
+                .add(&[buf(0, 10), buf(1, 10)], &[buf(2, 10)], i)
+                .unwrap();
+        }
+        assert_eq!(p.driver.num_free(), 0);
+        assert_eq!(p.driver.stats().added_indirect, 8);
+        assert_eq!(
+            p.driver.add(&[buf(0, 1)], &[], 9),
+            Err(Error::QueueFull { needed: 1, free: 0 })
+        );
+        for _ in 0..8 {
+            let c = p.device.pop().unwrap().unwrap();
+            assert_eq!((c.readable().len(), c.writable().len()), (2, 1));
+            p.device.add_used(c.head(), 10).unwrap();
+        }
+        p.device.flush();
+        for i in 0..8 {
+            assert_eq!(p.driver.get_used(), Ok(Some((i, 10))));
+        }
+        assert_eq!(p.driver.num_free(), 8);
+    }
+
+    #[test]
+    fn direct_chains_free_their_descriptors_in_any_completion_order() {
+        let mut p = pair(8, Features::EMPTY);
+        p.driver
+            .add(&[buf(0, 1), buf(1, 1), buf(2, 1)], &[], 0)
+            .unwrap();
+        p.driver.add(&[buf(0, 1)], &[buf(1, 1)], 1).unwrap();
+        assert_eq!(p.driver.num_free(), 3);
+        let a = p.device.pop().unwrap().unwrap();
+        let b = p.device.pop().unwrap().unwrap();
+        p.device.add_used(b.head(), 1).unwrap();
+        p.device.add_used(a.head(), 0).unwrap();
+        p.device.flush();
+        assert_eq!(p.driver.get_used(), Ok(Some((1, 1))));
+        assert_eq!(p.driver.get_used(), Ok(Some((0, 0))));
+        assert_eq!(p.driver.num_free(), 8);
+        // The free list is intact: all 8 descriptors can be used by one chain again.
+        let all: Vec<_> = (0..8).map(|i| buf(i, 1)).collect();
+        p.driver.add(&all, &[], 2).unwrap();
+        assert_eq!(p.device.pop().unwrap().unwrap().readable().len(), 8);
+    }
+
+    #[test]
+    fn used_id_out_of_range_breaks_the_queue() {
+        let mut p = pair(8, Features::EMPTY);
+        p.driver.add(&[buf(0, 1)], &[], 0).unwrap();
+        write_used(&p, 0, 8, 0, 1);
+        assert_eq!(
+            p.driver.get_used(),
+            Err(Error::UsedIdOutOfRange { id: 8, size: 8 })
+        );
+        assert!(matches!(p.driver.get_used(), Err(Error::Broken { .. })));
+        assert!(matches!(
+            p.driver.add(&[buf(0, 1)], &[], 1),
+            Err(Error::Broken { .. })
+        ));
+    }
+
+    #[test]
+    fn used_id_not_in_flight_breaks_the_queue() {
+        let mut p = pair(8, Features::EMPTY);
+        p.driver.add(&[buf(0, 1)], &[], 0).unwrap();
+        write_used(&p, 0, 3, 0, 1);
+        assert_eq!(p.driver.get_used(), Err(Error::UsedIdNotInFlight { id: 3 }));
+    }
+
+    #[test]
+    fn used_len_beyond_the_writable_part_breaks_the_queue() {
+        let mut p = pair(8, Features::EMPTY);
+        p.driver.add(&[buf(0, 1)], &[buf(1, 100)], 0).unwrap();
+        write_used(&p, 0, 0, 101, 1);
+        assert_eq!(
+            p.driver.get_used(),
+            Err(Error::UsedLenTooLarge {
+                id: 0,
+                len: 101,
+                max: 100
+            })
+        );
+    }
+
+    #[test]
+    fn used_idx_beyond_what_is_in_flight_breaks_the_queue() {
+        let mut p = pair(8, Features::EMPTY);
+        p.driver.add(&[buf(0, 1)], &[], 0).unwrap();
+        write_used(&p, 0, 0, 0, 2);
+        assert_eq!(
+            p.driver.get_used(),
+            Err(Error::UsedIdxOutOfRange {
+                used_idx: 2,
+                last_used: 0,
+                size: 8
+            })
+        );
+    }
+
+    #[test]
+    fn a_kick_is_forced_before_num_added_wraps() {
+        let mut p = pair(1, Features::RING_EVENT_IDX);
+        // The device polls without ever moving avail_event: event idx alone would never kick.
+        p.driver.add(&[buf(0, 1)], &[], 0).unwrap();
+        assert!(p.driver.kick_prepare());
+        let mut forced = false;
+        for i in 1..=u16::MAX as u32 {
+            let c = p.device.pop().unwrap().unwrap();
+            p.device.add_used(c.head(), 0).unwrap();
+            p.device.flush();
+            p.driver.get_used().unwrap().unwrap();
+            p.driver.add(&[buf(0, 1)], &[], i).unwrap();
+            if i == u16::MAX as u32 {
+                assert!(p.driver.kick_prepare(), "65535 adds without a kick");
+                forced = true;
+            }
+        }
+        assert!(forced);
+    }
+
+    #[test]
+    fn publish_on_kick_delays_the_avail_index() {
+        let mut p = pair(8, Features::EMPTY);
+        p.driver.set_publish_on_kick(true);
+        p.driver.add(&[buf(0, 1)], &[], 0).unwrap();
+        assert_eq!(p.device.pop(), Ok(None));
+        p.driver.kick_prepare();
+        assert!(p.device.pop().unwrap().is_some());
+    }
+
+    #[test]
+    fn detach_unused_returns_every_token_in_flight() {
+        let mut p = pair(8, Features::RING_INDIRECT_DESC);
+        p.driver.add(&[buf(0, 1)], &[], 10).unwrap();
+        p.driver.add(&[buf(0, 1), buf(1, 1)], &[], 11).unwrap();
+        let mut t = p.driver.detach_unused();
+        t.sort();
+        assert_eq!(t, vec![10, 11]);
+        assert_eq!(p.driver.num_free(), 8);
+    }
+
+    #[test]
+    fn enable_cb_reports_pending_used_entries() {
+        let mut p = pair(8, Features::RING_EVENT_IDX);
+        p.driver.add(&[buf(0, 1)], &[], 0).unwrap();
+        p.driver.disable_cb();
+        let c = p.device.pop().unwrap().unwrap();
+        p.device.add_used(c.head(), 0).unwrap();
+        p.device.flush();
+        assert!(p.driver.enable_cb(), "a used entry is pending");
+        p.driver.get_used().unwrap().unwrap();
+        assert!(!p.driver.enable_cb());
+    }
+}

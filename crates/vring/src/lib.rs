@@ -1,0 +1,37 @@
+//! vring: the VIRTIO 1.2 split virtqueue (spec section 2.7), driver and device sides, over
+//! shared memory.
+//!
+//! - [`memory`]: guest memory regions and checked translation (the crate's only `unsafe`).
+//! - [`layout`]: ring sizes, offsets and flags; [`event`]: `vring_need_event`.
+//! - [`QueueConfig`] is a queue as configured; [`DeviceQueue::activate`] and
+//!   [`DriverQueue::activate`] check it against memory and start it.
+//! - [`DeviceQueue`]: pop validated [`Chain`]s, batched used publish, notification decisions.
+//! - [`DriverQueue`]: add chains (direct or indirect), kick decisions, reclaim, callbacks.
+//!
+//! The crate does no I/O and starts no threads: kicks and calls are the caller's business.
+
+#![deny(unsafe_code)]
+
+pub mod chain;
+pub mod config;
+pub mod device;
+pub mod driver;
+pub mod error;
+pub mod event;
+pub mod features;
+pub mod layout;
+#[allow(unsafe_code)]
+pub mod memory;
+mod ring;
+#[cfg(test)]
+mod testutil;
+
+pub use chain::{Chain, Segment};
+pub use config::QueueConfig;
+pub use device::{DeviceQueue, DeviceStats, DEFAULT_USED_BATCH};
+pub use driver::{Buf, DriverQueue, DriverStats, IndirectArea};
+pub use error::{Error, ErrorKind};
+pub use event::vring_need_event;
+pub use features::Features;
+pub use layout::RingAddresses;
+pub use memory::{GuestAddress, GuestMemory, HostSpan};

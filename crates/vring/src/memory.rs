@@ -1,0 +1,475 @@
+//! Guest memory: the regions that a virtqueue's rings and buffers live in, the same shape as a
+//! vhost-user memory table, with bounds-checked translation from guest addresses to host memory.
+//!
+//! This is the only module of the crate with `unsafe`. It hands out atomics over checked,
+//! aligned, mapped addresses and copies payload bytes; everything above it is safe code. The
+//! mappings themselves are made by `vm-memory`'s [`MmapRegion`].
+//!
+//! Every byte behind these mappings may be written by the peer at any moment, so the rings are
+//! only ever accessed through atomics, and payload bytes only by copying them out or in.
+
+use std::fs::File;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64};
+use std::sync::Arc;
+
+use vm_memory::mmap::MmapRegion;
+use vm_memory::FileOffset;
+
+use crate::Error;
+
+/// The most regions a memory may have (vhost-user's `VHOST_USER_MAX_RAM_SLOTS`).
+pub const MAX_REGIONS: usize = 509;
+
+/// An address in the guest's physical address space: what descriptors and ring addresses hold.
+/// It is not a host pointer; only [`GuestMemory`] turns it into one, after checking it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct GuestAddress(pub u64);
+
+impl GuestAddress {
+    /// `self + offset`, or `None` when it overflows.
+    pub fn checked_add(self, offset: u64) -> Option<GuestAddress> {
+        self.0.checked_add(offset).map(GuestAddress)
+    }
+}
+
+/// A checked span of host memory, for building iovecs: `len` bytes at `ptr` lie inside one
+/// mapped region of the memory that produced it. Dereferencing `ptr` is the caller's business
+/// (an I/O syscall, typically), and is only sound while that memory is alive.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HostSpan {
+    pub ptr: *mut u8,
+    pub len: usize,
+}
+
+/// Describes one region when building a [`GuestMemory`] from file descriptors, as a vhost-user
+/// backend receives them in `SET_MEM_TABLE`.
+#[derive(Debug)]
+pub struct RegionSource {
+    pub guest_addr: GuestAddress,
+    pub size: u64,
+    /// The frontend's virtual address of the region start, which vhost-user ring addresses use.
+    pub user_addr: u64,
+    pub file: File,
+    /// Offset of the region's first byte in `file`.
+    pub mmap_offset: u64,
+}
+
+/// What a frontend needs to share one region of its memory with a backend.
+#[derive(Debug, Clone, Copy)]
+pub struct RegionInfo<'a> {
+    pub guest_addr: GuestAddress,
+    pub size: u64,
+    pub user_addr: u64,
+    pub host_addr: u64,
+    /// The backing file, for memfd-backed memory; `None` for anonymous memory.
+    pub file: Option<&'a File>,
+    pub file_offset: u64,
+}
+
+#[derive(Debug)]
+struct Region {
+    guest: u64,
+    len: u64,
+    user_addr: u64,
+    host: NonNull<u8>,
+    mmap: MmapRegion<()>,
+}
+
+/// A set of non-overlapping guest memory regions, each mapped into this process.
+#[derive(Debug)]
+pub struct GuestMemory {
+    /// Sorted by guest address; never empty.
+    regions: Vec<Region>,
+}
+
+// SAFETY: the raw `host` pointers point into mappings owned by the same `Region`; they are only
+// dereferenced through atomics or copies, which are valid from any thread. `MmapRegion` itself is
+// Send + Sync.
+unsafe impl Send for GuestMemory {}
+// SAFETY: as above; no method takes `&self` and mutates Rust-visible state.
+unsafe impl Sync for GuestMemory {}
+
+fn mmap_error(e: vm_memory::mmap::MmapRegionError) -> Error {
+    Error::Mmap {
+        reason: e.to_string(),
+    }
+}
+
+impl GuestMemory {
+    /// Private anonymous memory, for a driver and device in one process (tests, benchmarks).
+    pub fn anonymous(layout: &[(GuestAddress, usize)]) -> Result<GuestMemory, Error> {
+        let regions = layout
+            .iter()
+            .map(|&(guest, len)| {
+                let mmap = MmapRegion::new(len).map_err(mmap_error)?;
+                Ok((guest, guest.0, mmap))
+            })
+            .collect::<Result<Vec<_>, Error>>()?;
+        Self::from_mappings(regions)
+    }
+
+    /// Memory backed by one memfd per region, shareable with another process through
+    /// [`GuestMemory::regions`] (what a vhost-user frontend sends in `SET_MEM_TABLE`).
+    /// Each region's user address is its host address, as in QEMU.
+    pub fn memfd(layout: &[(GuestAddress, usize)]) -> Result<GuestMemory, Error> {
+        let regions = layout
+            .iter()
+            .map(|&(guest, len)| {
+                let file = memfd_create("virtnet-guest", len as u64)?;
+                let mmap =
+                    MmapRegion::from_file(FileOffset::new(file, 0), len).map_err(mmap_error)?;
+                let user = mmap.as_ptr() as u64;
+                Ok((guest, user, mmap))
+            })
+            .collect::<Result<Vec<_>, Error>>()?;
+        Self::from_mappings(regions)
+    }
+
+    /// Maps regions received from a frontend. Every region is validated: non-empty, no address
+    /// overflow, no overlap with another region in guest or user address space.
+    pub fn from_sources(sources: Vec<RegionSource>) -> Result<GuestMemory, Error> {
+        if sources.is_empty() || sources.len() > MAX_REGIONS {
+            return Err(Error::InvalidMemory {
+                reason: "region count is 0 or above 509",
+            });
+        }
+        let regions = sources
+            .into_iter()
+            .map(|s| {
+                let len = usize::try_from(s.size)
+                    .ok()
+                    .filter(|&l| l > 0 && s.guest_addr.0.checked_add(s.size).is_some())
+                    .ok_or(Error::InvalidMemory {
+                        reason: "region size is 0 or overflows",
+                    })?;
+                s.user_addr
+                    .checked_add(s.size)
+                    .ok_or(Error::InvalidMemory {
+                        reason: "region user address overflows",
+                    })?;
+                let fo = FileOffset::new(s.file, s.mmap_offset);
+                let mmap = MmapRegion::from_file(fo, len).map_err(mmap_error)?;
+                Ok((s.guest_addr, s.user_addr, mmap))
+            })
+            .collect::<Result<Vec<_>, Error>>()?;
+        Self::from_mappings(regions)
+    }
+
+    fn from_mappings(mappings: Vec<(GuestAddress, u64, MmapRegion<()>)>) -> Result<Self, Error> {
+        if mappings.is_empty() {
+            return Err(Error::InvalidMemory {
+                reason: "no regions",
+            });
+        }
+        let mut regions = Vec::with_capacity(mappings.len());
+        for (guest, user_addr, mmap) in mappings {
+            let host = NonNull::new(mmap.as_ptr()).ok_or(Error::InvalidMemory {
+                reason: "mapping at address 0",
+            })?;
+            let len = mmap.size() as u64;
+            if len == 0 || guest.0.checked_add(len).is_none() {
+                return Err(Error::InvalidMemory {
+                    reason: "region size is 0 or overflows",
+                });
+            }
+            regions.push(Region {
+                guest: guest.0,
+                len,
+                user_addr,
+                host,
+                mmap,
+            });
+        }
+        regions.sort_by_key(|r| r.guest);
+        let overlaps = |a: &Region, b: &Region, key: fn(&Region) -> u64| {
+            key(a) < key(b) + b.len && key(b) < key(a) + a.len
+        };
+        for (i, a) in regions.iter().enumerate() {
+            for b in &regions[i + 1..] {
+                if overlaps(a, b, |r| r.guest) {
+                    return Err(Error::InvalidMemory {
+                        reason: "regions overlap in guest space",
+                    });
+                }
+                if overlaps(a, b, |r| r.user_addr) {
+                    return Err(Error::InvalidMemory {
+                        reason: "regions overlap in user space",
+                    });
+                }
+            }
+        }
+        Ok(GuestMemory { regions })
+    }
+
+    /// The regions, for sharing them with a peer.
+    pub fn regions(&self) -> impl Iterator<Item = RegionInfo<'_>> {
+        self.regions.iter().map(|r| RegionInfo {
+            guest_addr: GuestAddress(r.guest),
+            size: r.len,
+            user_addr: r.user_addr,
+            host_addr: r.host.as_ptr() as u64,
+            file: r.mmap.file_offset().map(|f| f.file()),
+            file_offset: r.mmap.file_offset().map_or(0, |f| f.start()),
+        })
+    }
+
+    /// Translates a frontend virtual address (vhost-user ring addresses) to a guest address.
+    pub fn user_to_guest(&self, user_addr: u64) -> Option<GuestAddress> {
+        self.regions
+            .iter()
+            .find(|r| user_addr.wrapping_sub(r.user_addr) < r.len)
+            .map(|r| GuestAddress(r.guest + (user_addr - r.user_addr)))
+    }
+
+    /// The region holding `[addr, addr + len)` entirely, and the offset of `addr` in it.
+    #[inline]
+    fn find(&self, addr: GuestAddress, len: u64) -> Option<(&Region, usize)> {
+        // Few regions (QEMU sends 1-3): a linear scan beats a binary search.
+        for r in &self.regions {
+            let off = addr.0.wrapping_sub(r.guest);
+            if off < r.len {
+                return (len <= r.len - off).then_some((r, off as usize));
+            }
+        }
+        None
+    }
+
+    /// Whether `[addr, addr + len)` lies inside one region. A zero-length range must still
+    /// start inside memory.
+    #[inline]
+    pub fn contains(&self, addr: GuestAddress, len: u64) -> bool {
+        self.find(addr, len).is_some()
+    }
+
+    /// The host span of `[addr, addr + len)`, which must lie inside one region.
+    #[inline]
+    pub fn host_span(&self, addr: GuestAddress, len: usize) -> Result<HostSpan, Error> {
+        let (r, off) = self.find(addr, len as u64).ok_or(out_of_range(addr, len))?;
+        Ok(HostSpan {
+            ptr: r.host.as_ptr().wrapping_add(off),
+            len,
+        })
+    }
+
+    /// Copies `buf.len()` bytes of guest memory at `addr` into `buf`.
+    pub fn read(&self, addr: GuestAddress, buf: &mut [u8]) -> Result<(), Error> {
+        let span = self.host_span(addr, buf.len())?;
+        // SAFETY: `host_span` checked that the span lies inside a live mapping of `self`; `buf`
+        // is a Rust allocation, never guest memory, so the two do not overlap. The peer may
+        // write the source concurrently: the bytes are then garbage, which callers validate.
+        unsafe { std::ptr::copy_nonoverlapping(span.ptr, buf.as_mut_ptr(), buf.len()) };
+        Ok(())
+    }
+
+    /// Copies `buf` into guest memory at `addr`.
+    pub fn write(&self, addr: GuestAddress, buf: &[u8]) -> Result<(), Error> {
+        let span = self.host_span(addr, buf.len())?;
+        // SAFETY: as in `read`, with the direction reversed.
+        unsafe { std::ptr::copy_nonoverlapping(buf.as_ptr(), span.ptr, buf.len()) };
+        Ok(())
+    }
+
+    /// An atomic view of `count` elements of `T` at `addr`, which must be aligned for `T` and
+    /// lie inside one region. The view borrows the memory.
+    pub fn atomic_slice<T: SharedAtomic>(
+        &self,
+        addr: GuestAddress,
+        count: usize,
+    ) -> Result<&[T], Error> {
+        let span = self.checked_atomic_span::<T>(addr, count)?;
+        // SAFETY: `checked_atomic_span` guarantees `count * size_of::<T>()` bytes at `span.ptr`
+        // inside a mapping that lives as long as `&self`, aligned for `T`. Atomic integers have
+        // no invalid bit patterns and tolerate concurrent access from the peer.
+        Ok(unsafe { std::slice::from_raw_parts(span.ptr as *const T, count) })
+    }
+
+    /// Like [`GuestMemory::atomic_slice`], but the view keeps the memory alive by itself, so a
+    /// running queue can hold it.
+    pub(crate) fn shared_slice<T: SharedAtomic>(
+        self: &Arc<Self>,
+        addr: GuestAddress,
+        count: usize,
+    ) -> Result<SharedSlice<T>, Error> {
+        let span = self.checked_atomic_span::<T>(addr, count)?;
+        let ptr = NonNull::new(span.ptr as *mut T).ok_or(out_of_range(addr, span.len))?;
+        Ok(SharedSlice {
+            ptr,
+            len: count,
+            _mem: Arc::clone(self),
+        })
+    }
+
+    fn checked_atomic_span<T: SharedAtomic>(
+        &self,
+        addr: GuestAddress,
+        count: usize,
+    ) -> Result<HostSpan, Error> {
+        let size = std::mem::size_of::<T>();
+        let bytes = count
+            .checked_mul(size)
+            .ok_or(out_of_range(addr, usize::MAX))?;
+        let span = self.host_span(addr, bytes)?;
+        // Guest alignment is what the spec talks about, but host alignment is what makes the
+        // atomic reference valid; regions are page-aligned in both spaces in practice.
+        if !addr.0.is_multiple_of(size as u64)
+            || !(span.ptr as usize).is_multiple_of(std::mem::align_of::<T>())
+        {
+            return Err(Error::Misaligned {
+                what: "atomic access",
+                addr: addr.0,
+                align: size as u64,
+            });
+        }
+        Ok(span)
+    }
+}
+
+fn out_of_range(addr: GuestAddress, len: usize) -> Error {
+    Error::AddressOutOfRange {
+        addr: addr.0,
+        len: len as u64,
+    }
+}
+
+/// The atomic integer types that may overlay shared memory.
+pub trait SharedAtomic: sealed::Sealed + Sync {}
+impl SharedAtomic for AtomicU16 {}
+impl SharedAtomic for AtomicU32 {}
+impl SharedAtomic for AtomicU64 {}
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for std::sync::atomic::AtomicU16 {}
+    impl Sealed for std::sync::atomic::AtomicU32 {}
+    impl Sealed for std::sync::atomic::AtomicU64 {}
+}
+
+/// An owned, checked atomic view of a ring part: `len` aligned `T`s inside a mapping that the
+/// embedded `Arc` keeps alive. Only [`GuestMemory::shared_slice`] makes one.
+pub(crate) struct SharedSlice<T: SharedAtomic> {
+    ptr: NonNull<T>,
+    len: usize,
+    _mem: Arc<GuestMemory>,
+}
+
+impl<T: SharedAtomic> SharedSlice<T> {
+    #[inline(always)]
+    pub(crate) fn as_slice(&self) -> &[T] {
+        // SAFETY: the constructor checked bounds and alignment; `_mem` keeps the mapping alive
+        // for as long as `self`, and atomics are valid for any bit pattern and shared access.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl<T: SharedAtomic> std::fmt::Debug for SharedSlice<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedSlice")
+            .field("ptr", &self.ptr)
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+// SAFETY: a `SharedSlice` only gives out `&T` with `T: Sync` (atomics), and the mapping is owned
+// through an `Arc<GuestMemory>`, which is Send + Sync.
+unsafe impl<T: SharedAtomic> Send for SharedSlice<T> {}
+// SAFETY: as above.
+unsafe impl<T: SharedAtomic> Sync for SharedSlice<T> {}
+
+/// An anonymous memory file of `size` bytes, sealed against shrinking.
+fn memfd_create(name: &str, size: u64) -> Result<File, Error> {
+    use std::os::fd::FromRawFd;
+    let cname = std::ffi::CString::new(name).map_err(|_| Error::Mmap {
+        reason: "bad name".into(),
+    })?;
+    // SAFETY: `cname` is a valid NUL-terminated string; the flags are valid.
+    let fd = unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(Error::Mmap {
+            reason: std::io::Error::last_os_error().to_string(),
+        });
+    }
+    // SAFETY: `fd` is a fresh descriptor that nothing else owns.
+    let file = unsafe { File::from_raw_fd(fd) };
+    file.set_len(size).map_err(|e| Error::Mmap {
+        reason: e.to_string(),
+    })?;
+    Ok(file)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::Ordering;
+
+    #[test]
+    fn translation_is_bounded_by_regions() {
+        let mem = GuestMemory::anonymous(&[(GuestAddress(0), 4096), (GuestAddress(0x10000), 8192)])
+            .unwrap();
+        assert!(mem.contains(GuestAddress(0), 4096));
+        assert!(!mem.contains(GuestAddress(0), 4097));
+        assert!(!mem.contains(GuestAddress(4096), 1));
+        // A range may not straddle a gap or run past the last region.
+        assert!(!mem.contains(GuestAddress(0x10000 + 8191), 2));
+        assert!(mem.contains(GuestAddress(0x10000 + 8191), 1));
+        assert!(!mem.contains(GuestAddress(u64::MAX), 1));
+        assert!(!mem.contains(GuestAddress(0x10), u64::MAX));
+        assert!(matches!(
+            mem.read(GuestAddress(0x5000), &mut [0u8; 4]),
+            Err(Error::AddressOutOfRange {
+                addr: 0x5000,
+                len: 4
+            })
+        ));
+    }
+
+    #[test]
+    fn read_write_and_atomics_see_the_same_bytes() {
+        let mem = GuestMemory::memfd(&[(GuestAddress(0x1000), 4096)]).unwrap();
+        mem.write(GuestAddress(0x1010), &0xbeefu16.to_le_bytes())
+            .unwrap();
+        let a = mem
+            .atomic_slice::<AtomicU16>(GuestAddress(0x1010), 1)
+            .unwrap();
+        assert_eq!(u16::from_le(a[0].load(Ordering::Relaxed)), 0xbeef);
+        assert!(matches!(
+            mem.atomic_slice::<AtomicU32>(GuestAddress(0x1012), 1),
+            Err(Error::Misaligned { .. })
+        ));
+        let info: Vec<_> = mem.regions().collect();
+        assert_eq!(info.len(), 1);
+        assert!(info[0].file.is_some());
+        assert_eq!(
+            mem.user_to_guest(info[0].user_addr + 0x10),
+            Some(GuestAddress(0x1010))
+        );
+        assert_eq!(mem.user_to_guest(info[0].user_addr + 4096), None);
+    }
+
+    #[test]
+    fn overlapping_regions_are_refused() {
+        let err = GuestMemory::anonymous(&[(GuestAddress(0), 8192), (GuestAddress(4096), 4096)]);
+        assert!(matches!(err, Err(Error::InvalidMemory { .. })));
+    }
+
+    #[test]
+    fn regions_from_fds_map_the_same_file() {
+        let shared = GuestMemory::memfd(&[(GuestAddress(0), 8192)]).unwrap();
+        let info = shared.regions().next().unwrap();
+        let file = info.file.unwrap().try_clone().unwrap();
+        let source = RegionSource {
+            guest_addr: GuestAddress(0),
+            size: 4096,
+            user_addr: 0x7000_0000,
+            file,
+            mmap_offset: 4096,
+        };
+        let peer = GuestMemory::from_sources(vec![source]).unwrap();
+        shared.write(GuestAddress(4096 + 7), b"hi").unwrap();
+        let mut got = [0u8; 2];
+        peer.read(GuestAddress(7), &mut got).unwrap();
+        assert_eq!(&got, b"hi");
+        let empty = GuestMemory::from_sources(vec![]);
+        assert!(matches!(empty, Err(Error::InvalidMemory { .. })));
+    }
+}
