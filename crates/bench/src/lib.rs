@@ -1,0 +1,1 @@
+//! Measurement harnesses shared by `virtnet bench` and the criterion benches.

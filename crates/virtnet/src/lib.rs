@@ -1,0 +1,1 @@
+//! virtio-net over vhost-user: device and driver halves.
