@@ -1,1 +1,15 @@
-//! virtio-net over vhost-user: device and driver halves.
+//! virtnet: virtio-net (spec 5.1) over vhost-user, both halves.
+//!
+//! - [`net`]: the net header, config space and features shared by both halves.
+//! - [`backend`]: the device half, `virtnet backend`.
+//! - [`frontend`]: the driver half's vhost-user transport; [`driver`]: its data path.
+//! - [`sys`]: the OS interfaces (TAP, syscalls): the crate's only `unsafe`.
+
+#![deny(unsafe_code)]
+
+pub mod backend;
+pub mod driver;
+pub mod frontend;
+pub mod net;
+#[allow(unsafe_code)]
+pub mod sys;

@@ -1,0 +1,273 @@
+//! The driver half's transport: a vhost-user frontend (vhost-user spec, "Front-end message
+//! types") on rust-vmm `vhost`, like DPDK's virtio-user.
+//!
+//! The frontend owns its memory: one memfd region shared with the backend through
+//! SET_MEM_TABLE, from which rings, indirect tables and packet buffers are carved. Ring
+//! addresses travel as frontend virtual addresses, as QEMU sends them.
+
+use std::os::fd::AsRawFd;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
+use vhost::vhost_user::{Frontend, VhostUserFrontend};
+use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
+use vmm_sys_util::eventfd::EventFd;
+use vring::driver::IndirectArea;
+use vring::{Features, GuestAddress, GuestMemory, QueueConfig, RingAddresses};
+
+/// Frontend errors: the transport failed, or the backend cannot give what we need.
+#[derive(Debug, thiserror::Error)]
+pub enum FrontendError {
+    #[error("cannot connect to {path}: {source}")]
+    Connect { path: String, source: vhost::Error },
+    #[error("vhost-user {request} failed: {source}")]
+    Request {
+        request: &'static str,
+        source: vhost::Error,
+    },
+    #[error("backend lacks required features {missing}")]
+    MissingFeatures { missing: Features },
+    #[error("backend offers {offered} queues, {wanted} needed")]
+    TooFewQueues { offered: u64, wanted: u64 },
+    #[error("guest memory: {0}")]
+    Memory(#[from] vring::Error),
+    #[error("eventfd: {0}")]
+    EventFd(#[from] std::io::Error),
+    #[error("out of frontend memory: {wanted} bytes more needed")]
+    OutOfMemory { wanted: u64 },
+}
+
+fn req(request: &'static str) -> impl FnOnce(vhost::Error) -> FrontendError {
+    move |source| FrontendError::Request { request, source }
+}
+
+/// A bump allocator over the frontend's memory.
+#[derive(Debug)]
+pub struct Allocator {
+    next: u64,
+    end: u64,
+}
+
+impl Allocator {
+    pub fn alloc(&mut self, len: u64, align: u64) -> Result<GuestAddress, FrontendError> {
+        let at = self.next.next_multiple_of(align);
+        if at + len > self.end {
+            return Err(FrontendError::OutOfMemory {
+                wanted: at + len - self.end,
+            });
+        }
+        self.next = at + len;
+        Ok(GuestAddress(at))
+    }
+}
+
+/// One virtqueue as set up with the backend.
+#[derive(Debug)]
+pub struct QueueSetup {
+    pub config: QueueConfig,
+    pub indirect: Option<IndirectArea>,
+    /// We write it to notify the backend (kick).
+    pub kick: EventFd,
+    /// The backend writes it to notify us (call).
+    pub call: EventFd,
+}
+
+/// A connected, negotiated vhost-user device.
+pub struct Connection {
+    frontend: Frontend,
+    pub features: Features,
+    pub protocol: VhostUserProtocolFeatures,
+    pub mem: Arc<GuestMemory>,
+    pub alloc: Allocator,
+    pub queues: Vec<QueueSetup>,
+}
+
+impl std::fmt::Debug for Connection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connection")
+            .field("features", &self.features)
+            .field("queues", &self.queues.len())
+            .finish()
+    }
+}
+
+/// Guest address where the frontend's memory starts (any page-aligned value works).
+const MEM_BASE: u64 = 0x1_0000_0000;
+
+impl Connection {
+    /// Connects to `path` (retrying for up to `wait`), negotiates `wanted` features (those in
+    /// `required` must be offered) and the protocol features we use, shares `mem_size` bytes of
+    /// memory, and sets up `num_queues` queues of `queue_size`.
+    pub fn connect(
+        path: &Path,
+        num_queues: u16,
+        queue_size: u16,
+        wanted: Features,
+        required: Features,
+        mem_size: usize,
+        wait: Duration,
+    ) -> Result<Connection, FrontendError> {
+        let deadline = Instant::now() + wait;
+        let mut frontend = loop {
+            match Frontend::connect(path, num_queues as u64) {
+                Ok(f) => break f,
+                Err(e) if Instant::now() >= deadline => {
+                    return Err(FrontendError::Connect {
+                        path: path.display().to_string(),
+                        source: e,
+                    })
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(20)),
+            }
+        };
+        frontend.set_owner().map_err(req("SET_OWNER"))?;
+        let offered = Features(frontend.get_features().map_err(req("GET_FEATURES"))?);
+        let missing = required.difference(offered);
+        if missing != Features::EMPTY {
+            return Err(FrontendError::MissingFeatures { missing });
+        }
+        let protocol_bit = Features(VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits());
+        let features = Features::negotiate(offered, wanted | protocol_bit);
+        let mut protocol = VhostUserProtocolFeatures::empty();
+        if features.contains(protocol_bit) {
+            let ours = VhostUserProtocolFeatures::MQ
+                | VhostUserProtocolFeatures::REPLY_ACK
+                | VhostUserProtocolFeatures::CONFIG;
+            protocol = frontend
+                .get_protocol_features()
+                .map_err(req("GET_PROTOCOL_FEATURES"))?
+                & ours;
+            frontend
+                .set_protocol_features(protocol)
+                .map_err(req("SET_PROTOCOL_FEATURES"))?;
+            if protocol.contains(VhostUserProtocolFeatures::MQ) {
+                let offered = frontend.get_queue_num().map_err(req("GET_QUEUE_NUM"))?;
+                if offered < num_queues as u64 {
+                    return Err(FrontendError::TooFewQueues {
+                        offered,
+                        wanted: num_queues as u64,
+                    });
+                }
+            }
+        }
+        frontend
+            .set_features(features.0)
+            .map_err(req("SET_FEATURES"))?;
+        let mem = Arc::new(GuestMemory::memfd(&[(GuestAddress(MEM_BASE), mem_size)])?);
+        let regions: Vec<_> = mem
+            .regions()
+            .map(|r| VhostUserMemoryRegionInfo {
+                guest_phys_addr: r.guest_addr.0,
+                memory_size: r.size,
+                userspace_addr: r.user_addr,
+                mmap_offset: r.file_offset,
+                mmap_handle: r.file.map_or(-1, |f| f.as_raw_fd()),
+            })
+            .collect();
+        frontend
+            .set_mem_table(&regions)
+            .map_err(req("SET_MEM_TABLE"))?;
+        let mut conn = Connection {
+            frontend,
+            features,
+            protocol,
+            mem,
+            alloc: Allocator {
+                next: MEM_BASE,
+                end: MEM_BASE + mem_size as u64,
+            },
+            queues: Vec::new(),
+        };
+        for i in 0..num_queues {
+            conn.setup_queue(i as usize, queue_size)?;
+        }
+        Ok(conn)
+    }
+
+    fn user_addr(&self, a: GuestAddress) -> u64 {
+        let r = self.mem.regions().next().expect("one region");
+        r.user_addr + (a.0 - r.guest_addr.0)
+    }
+
+    fn setup_queue(&mut self, index: usize, size: u16) -> Result<(), FrontendError> {
+        let len = RingAddresses::contiguous_len(size);
+        let base = self.alloc.alloc(len, 4096)?;
+        let rings = RingAddresses::contiguous(base, size);
+        let indirect = if self.features.contains(Features::RING_INDIRECT_DESC) {
+            let max_chain = 16;
+            let addr = self
+                .alloc
+                .alloc(IndirectArea::bytes_needed(size, max_chain), 16)?;
+            Some(IndirectArea { addr, max_chain })
+        } else {
+            None
+        };
+        let config = QueueConfig::new(size as u32, rings, self.features)?;
+        let kick = EventFd::new(libc::EFD_NONBLOCK)?;
+        let call = EventFd::new(libc::EFD_NONBLOCK)?;
+        let f = &mut self.frontend;
+        f.set_vring_num(index, size).map_err(req("SET_VRING_NUM"))?;
+        let data = VringConfigData {
+            queue_max_size: size,
+            queue_size: size,
+            flags: 0,
+            desc_table_addr: 0,
+            used_ring_addr: 0,
+            avail_ring_addr: 0,
+            log_addr: None,
+        };
+        let data = VringConfigData {
+            desc_table_addr: self.user_addr(rings.desc),
+            used_ring_addr: self.user_addr(rings.used),
+            avail_ring_addr: self.user_addr(rings.avail),
+            ..data
+        };
+        let f = &mut self.frontend;
+        f.set_vring_addr(index, &data)
+            .map_err(req("SET_VRING_ADDR"))?;
+        f.set_vring_base(index, 0).map_err(req("SET_VRING_BASE"))?;
+        f.set_vring_call(index, &call)
+            .map_err(req("SET_VRING_CALL"))?;
+        self.queues.push(QueueSetup {
+            config,
+            indirect,
+            kick,
+            call,
+        });
+        Ok(())
+    }
+
+    /// Starts queue `index`: the rings must be initialised (DriverQueue::activate) first.
+    pub fn start_queue(&mut self, index: usize) -> Result<(), FrontendError> {
+        let kick = self.queues[index].kick.try_clone()?;
+        self.frontend
+            .set_vring_kick(index, &kick)
+            .map_err(req("SET_VRING_KICK"))?;
+        if !self.protocol.is_empty() {
+            self.frontend
+                .set_vring_enable(index, true)
+                .map_err(req("SET_VRING_ENABLE"))?;
+        }
+        Ok(())
+    }
+
+    /// Stops queue `index` and returns the backend's next avail index.
+    pub fn stop_queue(&mut self, index: usize) -> Result<u32, FrontendError> {
+        self.frontend
+            .get_vring_base(index)
+            .map_err(req("GET_VRING_BASE"))
+    }
+
+    /// Reads `len` bytes of the device config space at `offset`.
+    pub fn get_config(&mut self, offset: u32, len: u32) -> Result<Vec<u8>, FrontendError> {
+        use vhost::vhost_user::message::VhostUserConfigFlags;
+        let buf = vec![0u8; len as usize];
+        let (_, data) = self
+            .frontend
+            .get_config(offset, len, VhostUserConfigFlags::WRITABLE, &buf)
+            .map_err(req("GET_CONFIG"))?;
+        Ok(data)
+    }
+}

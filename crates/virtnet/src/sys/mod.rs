@@ -1,0 +1,94 @@
+//! The crate's only `unsafe` code: the OS interfaces of the data path. TAP ioctls and
+//! zero-copy readv/writev ([`tap`]), adopting eventfds received from the frontend, and the
+//! per-thread scheduler and CPU-time readings used by busy polling and the benchmarks.
+
+use std::io;
+use std::os::fd::{FromRawFd, IntoRawFd, RawFd};
+
+use vmm_sys_util::eventfd::EventFd;
+
+pub mod tap;
+
+/// # Safety
+/// `req` must be an ioctl whose argument is a pointer to a `T`, and `arg` must point to a live,
+/// initialised `T` for the duration of the call.
+unsafe fn ioctl_ptr<T>(fd: RawFd, req: libc::Ioctl, arg: *mut T) -> io::Result<()> {
+    // SAFETY: guaranteed by the caller (see above).
+    let r = unsafe { libc::ioctl(fd, req, arg) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// # Safety
+/// `req` must be an ioctl that takes its argument by value (no pointer).
+unsafe fn ioctl_val(fd: RawFd, req: libc::Ioctl, arg: libc::c_ulong) -> io::Result<()> {
+    // SAFETY: guaranteed by the caller (see above).
+    let r = unsafe { libc::ioctl(fd, req, arg) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Adopts a file received from the frontend as an eventfd. A file that is not an eventfd
+/// only makes later reads and writes fail.
+pub fn eventfd_from_file(f: std::fs::File) -> EventFd {
+    let raw = f.into_raw_fd();
+    // SAFETY: `raw` was just released by the `File` that owned it; the EventFd owns it now.
+    unsafe { EventFd::from_raw_fd(raw) }
+}
+
+/// Whether `fd` is readable now (poll with a zero timeout): the cheap "does the TAP have a
+/// frame" test of busy polling.
+pub fn readable_now(fd: RawFd) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: `p` is a valid pollfd for the duration of the call; nfds = 1.
+    let r = unsafe { libc::poll(&mut p, 1, 0) };
+    r > 0 && p.revents & libc::POLLIN != 0
+}
+
+/// Waits up to `timeout_ms` (negative: forever) for `fd` to become readable.
+pub fn wait_readable(fd: RawFd, timeout_ms: i32) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: `p` is a valid pollfd for the duration of the call; nfds = 1.
+    let r = unsafe { libc::poll(&mut p, 1, timeout_ms) };
+    r > 0 && p.revents & libc::POLLIN != 0
+}
+
+/// Involuntary context switches of the calling thread so far (getrusage RUSAGE_THREAD): it
+/// grows when the scheduler took the CPU from us for another runnable task, which is our
+/// "the CPU is wanted by others" signal for busy polling.
+pub fn involuntary_switches() -> u64 {
+    // SAFETY: rusage is plain old data; getrusage fills it.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `ru` is a valid, writable rusage.
+    let r = unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) };
+    if r < 0 {
+        return 0;
+    }
+    ru.ru_nivcsw as u64
+}
+
+/// CPU time (user + system) consumed by the calling thread, in nanoseconds.
+pub fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec.
+    let r = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    if r < 0 {
+        return 0;
+    }
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
