@@ -1,0 +1,148 @@
+//! A network namespace of the test's own, with a TAP device and an address, deleted on drop.
+//!
+//! The TAP lives inside the namespace, so whatever attaches to it (our backend, QEMU's TAP
+//! backend, iperf3's server) runs inside it too: `ns.command("virtnet")` is
+//! `ip netns exec NAME virtnet`. A unix socket path is not namespaced, so a backend inside the
+//! namespace still serves a QEMU outside it.
+
+use super::process::run_checked;
+use std::collections::BTreeMap;
+use std::process::Command;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+const IP_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// A network namespace, deleted (with its devices) on drop.
+#[derive(Debug)]
+pub struct NetNs {
+    name: String,
+}
+
+/// A TAP device to create in a namespace.
+#[derive(Debug, Clone)]
+pub struct TapSpec {
+    pub name: String,
+    /// Host-side address with prefix length, e.g. "10.99.0.1/24".
+    pub address: String,
+    /// IFF_MULTI_QUEUE. A persistent TAP only attaches with the same flags it was created with:
+    /// on for `virtnet backend` (IFF_MULTI_QUEUE | IFF_VNET_HDR), off for QEMU's TAP backend
+    /// with one queue.
+    pub multi_queue: bool,
+    /// IFF_VNET_HDR.
+    pub vnet_hdr: bool,
+    pub mtu: Option<u32>,
+}
+
+impl TapSpec {
+    /// "vntap0" at 10.99.0.1/24 (the guest's default peer), multi-queue with vnet headers, as
+    /// `virtnet backend --tap` opens it.
+    pub fn for_backend() -> TapSpec {
+        TapSpec {
+            name: "vntap0".to_string(),
+            address: "10.99.0.1/24".to_string(),
+            multi_queue: true,
+            vnet_hdr: true,
+            mtu: None,
+        }
+    }
+
+    /// As [`TapSpec::for_backend`] but single-queue, as QEMU's `-netdev tap` opens it.
+    pub fn for_qemu() -> TapSpec {
+        TapSpec {
+            multi_queue: false,
+            ..TapSpec::for_backend()
+        }
+    }
+}
+
+impl NetNs {
+    /// Creates `vn<tag><pid>-<n>` with loopback up and IPv6 off (so counters see only the
+    /// test's packets).
+    pub fn create(tag: &str) -> Result<NetNs, String> {
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let name = format!("vn{tag}{}-{n}", std::process::id());
+        ip(&["netns", "add", &name])?;
+        let ns = NetNs { name };
+        ns.exec(&["ip", "link", "set", "lo", "up"])?;
+        ns.exec(&["sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1"])?;
+        ns.exec(&["sysctl", "-qw", "net.ipv6.conf.default.disable_ipv6=1"])?;
+        Ok(ns)
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Creates a persistent TAP in the namespace, with its address, and sets it up. Its carrier
+    /// stays down until a process attaches to it.
+    pub fn add_tap(&self, tap: &TapSpec) -> Result<(), String> {
+        let mut args = vec!["tuntap", "add", "dev", &tap.name, "mode", "tap"];
+        if tap.multi_queue {
+            args.push("multi_queue");
+        }
+        if tap.vnet_hdr {
+            args.push("vnet_hdr");
+        }
+        self.exec_ip(&args)?;
+        if let Some(mtu) = tap.mtu {
+            self.exec_ip(&["link", "set", &tap.name, "mtu", &mtu.to_string()])?;
+        }
+        self.exec_ip(&["addr", "add", &tap.address, "dev", &tap.name])?;
+        self.exec_ip(&["link", "set", &tap.name, "up"])?;
+        Ok(())
+    }
+
+    /// A command to run inside the namespace.
+    pub fn command(&self, program: &str) -> Command {
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", &self.name, program]);
+        cmd
+    }
+
+    /// Runs a short command inside the namespace and returns its output.
+    pub fn exec(&self, argv: &[&str]) -> Result<String, String> {
+        let mut cmd = self.command(argv[0]);
+        cmd.args(&argv[1..]);
+        run_checked(argv[0], cmd, IP_TIMEOUT)
+    }
+
+    fn exec_ip(&self, args: &[&str]) -> Result<String, String> {
+        let mut all = vec!["-n", &self.name];
+        all.extend_from_slice(args);
+        ip(&all)
+    }
+
+    /// The device's counters (/sys/class/net/DEV/statistics, as seen inside the namespace).
+    /// For a TAP, `rx_*` counts frames written to it by its user (the guest's transmit) and
+    /// `tx_*` frames the kernel handed to its user (the guest's receive).
+    pub fn stats(&self, device: &str) -> Result<BTreeMap<String, u64>, String> {
+        let script = format!(
+            "cd /sys/class/net/{device}/statistics && for f in *; do echo \"$f $(cat $f)\"; done"
+        );
+        let out = self.exec(&["sh", "-c", &script])?;
+        Ok(out
+            .lines()
+            .filter_map(|l| {
+                let (k, v) = l.split_once(' ')?;
+                Some((k.to_string(), v.trim().parse().ok()?))
+            })
+            .collect())
+    }
+}
+
+impl Drop for NetNs {
+    fn drop(&mut self) {
+        // Deleting the namespace deletes the TAPs in it.
+        if let Err(e) = ip(&["netns", "del", &self.name]) {
+            super::report(&format!("cleanup: {e}"));
+        }
+    }
+}
+
+fn ip(args: &[&str]) -> Result<String, String> {
+    let mut cmd = Command::new("ip");
+    cmd.args(args);
+    run_checked("ip", cmd, IP_TIMEOUT)
+}
