@@ -148,6 +148,24 @@ impl GuestMemory {
                     .ok_or(Error::InvalidMemory {
                         reason: "region user address overflows",
                     })?;
+                // Mapping past the end of the file would map pages that fault with SIGBUS on
+                // first access: refuse it here. (A frontend that shrinks an unsealed file
+                // later can still cause that; see docs/ARCHITECTURE.md.)
+                let file_len = s
+                    .file
+                    .metadata()
+                    .map_err(|e| Error::Mmap {
+                        reason: e.to_string(),
+                    })?
+                    .len();
+                if s.mmap_offset
+                    .checked_add(s.size)
+                    .is_none_or(|end| end > file_len)
+                {
+                    return Err(Error::InvalidMemory {
+                        reason: "region extends past the end of its file",
+                    });
+                }
                 let fo = FileOffset::new(s.file, s.mmap_offset);
                 let mmap = MmapRegion::from_file(fo, len).map_err(mmap_error)?;
                 Ok((s.guest_addr, s.user_addr, mmap))
@@ -469,6 +487,19 @@ mod tests {
         let mut got = [0u8; 2];
         peer.read(GuestAddress(7), &mut got).unwrap();
         assert_eq!(&got, b"hi");
+        let past_eof = RegionSource {
+            guest_addr: GuestAddress(0),
+            size: 8192,
+            user_addr: 0,
+            file: info.file.unwrap().try_clone().unwrap(),
+            mmap_offset: 4096,
+        };
+        assert_eq!(
+            GuestMemory::from_sources(vec![past_eof]).unwrap_err(),
+            Error::InvalidMemory {
+                reason: "region extends past the end of its file"
+            }
+        );
         let empty = GuestMemory::from_sources(vec![]);
         assert!(matches!(empty, Err(Error::InvalidMemory { .. })));
     }

@@ -274,6 +274,16 @@ impl VhostUserBackendReqHandlerMut for Connection {
         available: u64,
         _log: u64,
     ) -> VuResult<()> {
+        // Check what can be checked now; sizes and alignment are checked when the queue starts.
+        if let Some(mem) = &self.mem {
+            if [descriptor, available, used]
+                .iter()
+                .any(|&a| mem.user_to_guest(a).is_none())
+            {
+                tracing::warn!(queue = index, "ring address outside the memory table");
+                return Err(VuError::InvalidParam);
+            }
+        }
         let v = self.vring(index)?;
         if v.running {
             return Err(invalid("SET_VRING_ADDR on a running queue"));
