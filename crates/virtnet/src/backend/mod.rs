@@ -9,6 +9,7 @@
 //! The [`Device`] outlives connections: the TAP queues, workers and counters stay when a
 //! frontend goes away, and the next connection (a QEMU `reconnect=1`) picks them up.
 
+pub mod ctl;
 pub mod metrics;
 pub mod vhost;
 pub mod worker;

@@ -40,6 +40,32 @@ pub fn eventfd_from_file(f: std::fs::File) -> EventFd {
     unsafe { EventFd::from_raw_fd(raw) }
 }
 
+/// Adopts an inherited listening unix socket (`--fd N` of the vhost-user backend program
+/// conventions), after checking that it is one.
+pub fn unix_listener_from_fd(fd: RawFd) -> io::Result<std::os::unix::net::UnixListener> {
+    let mut kind: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: `kind` and `len` are valid for writes of the sizes given.
+    let r = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_TYPE,
+            (&mut kind as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    };
+    if r < 0 || kind != libc::SOCK_STREAM {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("fd {fd} is not a stream socket"),
+        ));
+    }
+    // SAFETY: the fd was inherited for us to own (the caller's contract with its parent), and
+    // it is a stream socket.
+    Ok(unsafe { std::os::unix::net::UnixListener::from_raw_fd(fd) })
+}
+
 /// Whether `fd` is readable now (poll with a zero timeout): the cheap "does the TAP have a
 /// frame" test of busy polling.
 pub fn readable_now(fd: RawFd) -> bool {
