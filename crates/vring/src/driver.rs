@@ -179,11 +179,13 @@ impl<T> DriverQueue<T> {
     pub fn in_flight(&self) -> u16 {
         self.avail_idx_shadow.wrapping_sub(self.last_used)
     }
-    /// Whether a chain of `bufs` buffers is added as an indirect table.
+    /// Whether a chain of `bufs` buffers is added as an indirect table. Never for more
+    /// buffers than the queue size: spec 2.7.5.3.1 forbids a chain longer than that, indirect
+    /// or not, and devices (ours included) refuse it.
     pub fn uses_indirect(&self, bufs: usize) -> bool {
-        self.indirect
-            .as_ref()
-            .is_some_and(|i| bufs > 1 && bufs <= i.max_chain as usize)
+        self.indirect.as_ref().is_some_and(|i| {
+            bufs > 1 && bufs <= i.max_chain as usize && bufs <= self.config.size() as usize
+        })
     }
 
     /// Delays publishing `avail.idx` until `kick_prepare` (the behaviour seed 002 removed;
