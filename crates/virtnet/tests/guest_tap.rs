@@ -12,7 +12,6 @@ use std::time::{Duration, Instant};
 use support::guest::{Guest, GuestConfig, GuestImage, GUEST_REQUIREMENTS};
 use support::netns::{NetNs, TapSpec};
 use support::packages::{self, Requirement};
-use support::process::Proc;
 use support::{report, ScratchDir};
 
 const TEST: &str = "guest_tap";
@@ -62,20 +61,19 @@ fn linux_guest_traffic_through_qemu_tap_in_netns() {
     let host_ip = tap.address.split('/').next().unwrap();
 
     // Host-side peers, inside the namespace, killed on drop.
-    let mut iperf = ns.command("iperf3");
     // --forceflush: stdout is a pipe, and block buffering would hide "Server listening".
-    iperf.args(["-s", "-B", host_ip, "--forceflush"]);
-    let iperf = Proc::spawn("iperf3 -s", iperf, Some(&dir.join("iperf3.log")), false)
+    let iperf = ns
+        .spawn(
+            &["iperf3", "-s", "-B", host_ip, "--forceflush"],
+            Some(&dir.join("iperf3.log")),
+        )
         .expect("iperf3 server");
-    let mut sockperf = ns.command("sockperf");
-    sockperf.args(["server", "-i", host_ip, "-p", "11111"]);
-    let sockperf = Proc::spawn(
-        "sockperf server",
-        sockperf,
-        Some(&dir.join("sockperf.log")),
-        false,
-    )
-    .expect("sockperf server");
+    let sockperf = ns
+        .spawn(
+            &["sockperf", "server", "-i", host_ip, "-p", "11111"],
+            Some(&dir.join("sockperf.log")),
+        )
+        .expect("sockperf server");
     let deadline = Instant::now() + Duration::from_secs(10);
     iperf
         .out

@@ -36,11 +36,10 @@ pub struct ScratchDir {
 }
 
 impl ScratchDir {
-    /// Creates `/tmp/vn-<tag>-<pid>-<n>`.
+    /// Creates `/tmp/vnt-<tag>-<pid>-<n>`.
     pub fn new(tag: &str) -> std::io::Result<ScratchDir> {
-        static NEXT: AtomicU32 = AtomicU32::new(0);
-        let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let path = std::env::temp_dir().join(format!("vn-{tag}-{}-{n}", std::process::id()));
+        reap_stale();
+        let path = std::env::temp_dir().join(unique_name(tag));
         let _ = std::fs::remove_dir_all(&path);
         std::fs::create_dir_all(&path)?;
         Ok(ScratchDir { path })
@@ -65,6 +64,62 @@ impl Drop for ScratchDir {
     }
 }
 
+/// `vnt-<tag>-<pid>-<n>`: the name of a resource this test process owns (scratch directory,
+/// network namespace, DPDK file prefix). The pid lets [`reap_stale`] find the leftovers of a
+/// test process that was killed before its drop guards ran.
+pub fn unique_name(tag: &str) -> String {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    assert!(
+        !tag.is_empty() && tag.chars().all(|c| c.is_ascii_lowercase()),
+        "tag {tag:?}: lowercase letters only"
+    );
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    format!("vnt-{tag}-{}-{n}", std::process::id())
+}
+
+/// The pid in a [`unique_name`], if `name` is one.
+fn owner_pid(name: &str) -> Option<u32> {
+    let mut parts = name.strip_prefix("vnt-")?.split('-');
+    let (tag, pid, n) = (parts.next()?, parts.next()?, parts.next()?);
+    let valid = parts.next().is_none()
+        && !tag.is_empty()
+        && tag.chars().all(|c| c.is_ascii_lowercase())
+        && n.chars().all(|c| c.is_ascii_digit());
+    valid.then(|| pid.parse().ok()).flatten()
+}
+
+/// Removes, once per process, what killed test processes left behind: scratch directories,
+/// network namespaces (with their TAPs) and DPDK runtime directories named by
+/// [`unique_name`] whose process is gone. Child processes need no reaping: they get SIGKILL
+/// when the test dies (see [`process::Proc::spawn`]).
+pub fn reap_stale() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let dead = |name: &str| {
+            owner_pid(name).is_some_and(|pid| !Path::new(&format!("/proc/{pid}")).exists())
+        };
+        for dir in [std::env::temp_dir(), PathBuf::from("/var/run/dpdk")] {
+            let Ok(entries) = std::fs::read_dir(&dir) else {
+                continue;
+            };
+            for entry in entries.flatten() {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                if dead(&name) {
+                    let _ = std::fs::remove_dir_all(entry.path());
+                }
+            }
+        }
+        if let Ok(entries) = std::fs::read_dir("/var/run/netns") {
+            for entry in entries.flatten() {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                if dead(&name) {
+                    netns::delete(&name);
+                }
+            }
+        }
+    });
+}
+
 /// Writes a line to the test's real stderr.
 ///
 /// libtest captures `println!`/`eprintln!` of passing tests; a skip reason or a timing must be
@@ -74,4 +129,20 @@ pub fn report(line: &str) {
     use std::io::Write;
     let mut err = std::io::stderr().lock();
     let _ = writeln!(err, "[virtnet-guest] {line}");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn owner_pid_only_for_our_names() {
+        let name = unique_name("tap");
+        assert_eq!(owner_pid(&name), Some(std::process::id()));
+        assert_eq!(owner_pid("vnt-dpdk-123-0"), Some(123));
+        assert_eq!(owner_pid("vnt-dpdk-123"), None);
+        assert_eq!(owner_pid("vnt--123-0"), None);
+        assert_eq!(owner_pid("vn-backend-123-0"), None);
+        assert_eq!(owner_pid("vnt-a-b-123-0"), None);
+    }
 }

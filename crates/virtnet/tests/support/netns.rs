@@ -5,10 +5,10 @@
 //! `ip netns exec NAME virtnet`. A unix socket path is not namespaced, so a backend inside the
 //! namespace still serves a QEMU outside it.
 
-use super::process::run_checked;
+use super::process::{run_checked, Proc};
 use std::collections::BTreeMap;
+use std::path::Path;
 use std::process::Command;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 const IP_TIMEOUT: Duration = Duration::from_secs(20);
@@ -57,12 +57,11 @@ impl TapSpec {
 }
 
 impl NetNs {
-    /// Creates `vn<tag><pid>-<n>` with loopback up and IPv6 off (so counters see only the
+    /// Creates `vnt-<tag>-<pid>-<n>` with loopback up and IPv6 off (so counters see only the
     /// test's packets).
     pub fn create(tag: &str) -> Result<NetNs, String> {
-        static NEXT: AtomicU32 = AtomicU32::new(0);
-        let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let name = format!("vn{tag}{}-{n}", std::process::id());
+        super::reap_stale();
+        let name = super::unique_name(tag);
         ip(&["netns", "add", &name])?;
         let ns = NetNs { name };
         ns.exec(&["ip", "link", "set", "lo", "up"])?;
@@ -101,6 +100,14 @@ impl NetNs {
         cmd
     }
 
+    /// Starts a long-running program inside the namespace (a backend, a server), its output
+    /// collected (and copied to `log`); killed when the returned `Proc` is dropped.
+    pub fn spawn(&self, argv: &[&str], log: Option<&Path>) -> Result<Proc, String> {
+        let mut cmd = self.command(argv[0]);
+        cmd.args(&argv[1..]);
+        Proc::spawn(argv[0], cmd, log, false).map_err(|e| e.to_string())
+    }
+
     /// Runs a short command inside the namespace and returns its output.
     pub fn exec(&self, argv: &[&str]) -> Result<String, String> {
         let mut cmd = self.command(argv[0]);
@@ -134,10 +141,14 @@ impl NetNs {
 
 impl Drop for NetNs {
     fn drop(&mut self) {
-        // Deleting the namespace deletes the TAPs in it.
-        if let Err(e) = ip(&["netns", "del", &self.name]) {
-            super::report(&format!("cleanup: {e}"));
-        }
+        delete(&self.name);
+    }
+}
+
+/// Deletes a namespace; the TAPs in it go with it.
+pub fn delete(name: &str) {
+    if let Err(e) = ip(&["netns", "del", name]) {
+        super::report(&format!("cleanup: {e}"));
     }
 }
 

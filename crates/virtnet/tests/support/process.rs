@@ -251,6 +251,33 @@ impl Drop for Proc {
     }
 }
 
+/// Waits until `path` exists (a server's unix socket), failing early if `proc` exits.
+pub fn wait_for_path(proc: &mut Proc, path: &Path, limit: Duration) -> Result<(), String> {
+    let deadline = Instant::now() + limit;
+    while !path.exists() {
+        if proc.try_wait().is_some() {
+            proc.out
+                .wait_closed(Instant::now() + Duration::from_secs(2));
+            return Err(format!(
+                "{} exited before creating {}:\n{}",
+                proc.name(),
+                path.display(),
+                proc.out.tail(30)
+            ));
+        }
+        if Instant::now() >= deadline {
+            return Err(format!(
+                "{} did not create {} within {limit:?}:\n{}",
+                proc.name(),
+                path.display(),
+                proc.out.tail(30)
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(())
+}
+
 /// Runs `cmd` to completion with a time limit, returning (success, combined output).
 pub fn run_with_timeout(name: &str, cmd: Command, limit: Duration) -> io::Result<(bool, String)> {
     let mut proc = Proc::spawn(name, cmd, None, false)?;

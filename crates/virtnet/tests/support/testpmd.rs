@@ -7,7 +7,7 @@
 //! runs short.
 
 use super::packages::Requirement;
-use super::process::{Proc, WaitError};
+use super::process::{wait_for_path, Proc, WaitError};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -44,7 +44,8 @@ impl Testpmd {
     /// `icmpecho` answers ARP requests and ICMP echo requests, so a guest can ping through it.
     /// Both lcores are pinned to the last CPU, leaving the first to QEMU.
     pub fn start_vhost(socket: &Path, mode: &str, log: Option<&Path>) -> Result<Testpmd, String> {
-        let prefix = format!("vnguest{}", std::process::id());
+        super::reap_stale();
+        let prefix = super::unique_name("testpmd");
         let cpu = std::thread::available_parallelism().map_or(1, |n| n.get()) - 1;
         let mut cmd = Command::new("stdbuf");
         cmd.args(["-oL", "-eL", "dpdk-testpmd"]);
@@ -64,18 +65,10 @@ impl Testpmd {
         cmd.args(["--", "-i", &format!("--forward-mode={mode}")]);
         let _ = std::fs::remove_file(socket);
         let mut proc = Proc::spawn("dpdk-testpmd", cmd, log, true).map_err(|e| e.to_string())?;
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !socket.exists() {
-            if proc.try_wait().is_some() || Instant::now() >= deadline {
-                proc.kill();
-                remove_runtime_dir(&prefix);
-                return Err(format!(
-                    "testpmd did not create {}:\n{}",
-                    socket.display(),
-                    proc.out.tail(30)
-                ));
-            }
-            std::thread::sleep(Duration::from_millis(50));
+        if let Err(e) = wait_for_path(&mut proc, socket, Duration::from_secs(30)) {
+            proc.kill();
+            remove_runtime_dir(&prefix);
+            return Err(e);
         }
         let mut testpmd = Testpmd { proc, prefix };
         testpmd.command("start")?;
