@@ -29,8 +29,6 @@ pub enum FrontendError {
     },
     #[error("backend lacks required features {missing}")]
     MissingFeatures { missing: Features },
-    #[error("backend offers {offered} queues, {wanted} needed")]
-    TooFewQueues { offered: u64, wanted: u64 },
     #[error("guest memory: {0}")]
     Memory(#[from] vring::Error),
     #[error("eventfd: {0}")]
@@ -142,15 +140,9 @@ impl Connection {
             frontend
                 .set_protocol_features(protocol)
                 .map_err(req("SET_PROTOCOL_FEATURES"))?;
-            if protocol.contains(VhostUserProtocolFeatures::MQ) {
-                let offered = frontend.get_queue_num().map_err(req("GET_QUEUE_NUM"))?;
-                if offered < num_queues as u64 {
-                    return Err(FrontendError::TooFewQueues {
-                        offered,
-                        wanted: num_queues as u64,
-                    });
-                }
-            }
+            // GET_QUEUE_NUM is not asked: vhost-user-net backends (DPDK, ours) answer in queue
+            // pairs, while rust-vmm's Frontend takes the answer as a vring count and would
+            // then refuse our tx queues. A backend with too few queues refuses SET_VRING_*.
         }
         frontend
             .set_features(features.0)

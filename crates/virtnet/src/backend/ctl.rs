@@ -24,6 +24,7 @@ pub enum Request {
 
 #[derive(Debug, Deserialize, Serialize)]
 pub struct StatsReply {
+    pub device: super::DeviceReport,
     pub queues: Vec<QueueReportOwned>,
 }
 
@@ -33,6 +34,8 @@ pub struct QueueReportOwned {
     pub index: u16,
     pub kind: String,
     pub busy_poll_us: u32,
+    pub coalesce_max_packets: u32,
+    pub coalesce_max_usecs: u32,
     pub broken: Option<String>,
     #[serde(flatten)]
     pub counters: std::collections::BTreeMap<String, u64>,
@@ -42,7 +45,7 @@ fn answer(device: &Device, line: &str) -> String {
     match serde_json::from_str::<Request>(line) {
         Ok(Request::Stats) => {
             let queues: Vec<QueueReport> = device.reports();
-            serde_json::json!({ "queues": queues }).to_string()
+            serde_json::json!({ "device": device.device_report(), "queues": queues }).to_string()
         }
         Ok(Request::SetBusyPoll { us, queue }) => match device.set_busy_poll(us, queue) {
             Ok(()) => serde_json::json!({ "ok": true }).to_string(),
@@ -144,7 +147,9 @@ mod tests {
         assert_eq!(a, r#"{"ok":true}"#);
         let stats: StatsReply =
             serde_json::from_str(&answer(&device, r#"{"cmd":"stats"}"#)).unwrap();
-        assert_eq!(stats.queues.len(), 2);
+        assert_eq!(stats.queues.len(), 3);
+        assert_eq!(stats.queues[2].kind, "ctrl");
+        assert_eq!(stats.device.active_pairs, 1);
         assert_eq!(
             (stats.queues[0].busy_poll_us, stats.queues[1].busy_poll_us),
             (0, 20)

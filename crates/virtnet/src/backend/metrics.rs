@@ -9,6 +9,8 @@ use std::sync::Mutex;
 
 use serde::Serialize;
 
+use crate::net::ctrl::Coalesce;
+
 /// Why a busy poll ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PollExit {
@@ -68,6 +70,14 @@ counters!(
         busy_poll_exit_shutdown,
         /// Turns that stopped at the packet or byte weight, leaving the other queues a turn.
         weight_exhausted,
+        /// Calls held back by notification coalescing, then sent when the packet count or the
+        /// time bound was reached.
+        calls_coalesced,
+        /// Frames the receive filter (promisc off, MAC) dropped.
+        filtered,
+        /// Control commands handled, and those refused (ack ERR).
+        ctrl_commands,
+        ctrl_errors,
     }
 );
 
@@ -79,9 +89,24 @@ pub struct QueueMetrics {
     broken_reason: Mutex<Option<String>>,
     /// Busy-poll timeout in microseconds (0 = off), changeable at run time.
     pub busy_poll_us: AtomicU32,
+    /// Notification coalescing (NOTF_COAL / VQ_NOTF_COAL), set by the control queue.
+    pub coalesce_max_packets: AtomicU32,
+    pub coalesce_max_usecs: AtomicU32,
 }
 
 impl QueueMetrics {
+    pub fn coalesce(&self) -> Coalesce {
+        Coalesce {
+            max_packets: self.coalesce_max_packets.load(Relaxed),
+            max_usecs: self.coalesce_max_usecs.load(Relaxed),
+        }
+    }
+
+    pub fn set_coalesce(&self, c: Coalesce) {
+        self.coalesce_max_packets.store(c.max_packets, Relaxed);
+        self.coalesce_max_usecs.store(c.max_usecs, Relaxed);
+    }
+
     pub fn add(&self, c: &AtomicU64, n: u64) {
         c.fetch_add(n, Relaxed);
     }
@@ -133,6 +158,8 @@ pub struct QueueReport {
     /// "rx", "tx" or "ctrl".
     pub kind: &'static str,
     pub busy_poll_us: u32,
+    pub coalesce_max_packets: u32,
+    pub coalesce_max_usecs: u32,
     pub broken: Option<String>,
     #[serde(flatten)]
     pub counters: CountersSnapshot,
@@ -144,6 +171,8 @@ impl QueueReport {
             index,
             kind,
             busy_poll_us: m.busy_poll_us.load(Relaxed),
+            coalesce_max_packets: m.coalesce_max_packets.load(Relaxed),
+            coalesce_max_usecs: m.coalesce_max_usecs.load(Relaxed),
             broken: m.is_broken().then(|| m.broken_reason().unwrap_or_default()),
             counters: m.counters.snapshot(),
         }

@@ -4,19 +4,22 @@
 //!
 //! - [`vhost`]: the protocol state of a connection.
 //! - [`worker`]: the data path, one thread per queue pair.
+//! - [`ctrlq`]: the control virtqueue (spec 5.1.6.5).
 //! - [`metrics`]: per-queue counters, JSON and Prometheus.
+//! - [`ctl`]: the control socket of `virtnet ctl`, and /metrics.
 //!
 //! The [`Device`] outlives connections: the TAP queues, workers and counters stay when a
 //! frontend goes away, and the next connection (a QEMU `reconnect=1`) picks them up.
 
 pub mod ctl;
+pub mod ctrlq;
 pub mod metrics;
 pub mod vhost;
 pub mod worker;
 
 use std::io;
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 
 use ::vhost::vhost_user::message::VhostUserProtocolFeatures;
@@ -35,6 +38,8 @@ pub const PROTOCOL_FEATURES: VhostUserProtocolFeatures = VhostUserProtocolFeatur
     .union(VhostUserProtocolFeatures::MTU);
 
 /// The virtio features the device offers (on top of vhost-user's PROTOCOL_FEATURES bit).
+/// The control queue features are for drivers that pass the control queue to us (ours, DPDK);
+/// QEMU keeps the control queue to itself and never acknowledges them.
 pub fn device_features(pairs: u16) -> Features {
     let mut f = Features::VERSION_1
         | Features::RING_EVENT_IDX
@@ -51,7 +56,12 @@ pub fn device_features(pairs: u16) -> Features {
         | Features::NET_GUEST_ECN
         | Features::NET_MTU
         | Features::NET_STATUS
-        | Features::NET_MAC;
+        | Features::NET_MAC
+        | Features::NET_CTRL_VQ
+        | Features::NET_CTRL_RX
+        | Features::NET_CTRL_MAC_ADDR
+        | Features::NET_NOTF_COAL
+        | Features::NET_VQ_NOTF_COAL;
     if pairs > 1 {
         f = f | Features::NET_MQ;
     }
@@ -73,6 +83,8 @@ pub struct BackendConfig {
     pub mac: [u8; 6],
     pub mtu: u16,
     pub busy_poll_us: u32,
+    /// Seed 004's slow device: wait this long before answering each control command.
+    pub ctrl_delay_us: u32,
 }
 
 impl Default for BackendConfig {
@@ -83,17 +95,76 @@ impl Default for BackendConfig {
             mac: [0x52, 0x54, 0x00, 0x12, 0x34, 0x56],
             mtu: 1500,
             busy_poll_us: 0,
+            ctrl_delay_us: 0,
         }
     }
 }
 
-/// The device: configuration, TAP queues, workers and counters, shared by connections.
+/// Device state that the data workers, the control queue and the protocol handler share.
+#[derive(Debug)]
+pub struct Shared {
+    pub config: BackendConfig,
+    /// One per virtqueue: rx0, tx0, rx1, tx1, ..., ctrl.
+    pub metrics: Vec<Arc<QueueMetrics>>,
+    /// Control handles on the TAP queues (one per pair), for attach/detach and offloads.
+    pub taps: Vec<TapQueue>,
+    /// Queue pairs in use (MQ VQ_PAIRS_SET); the others carry no traffic.
+    pub active_pairs: AtomicU16,
+    /// The receive filter (CTRL_RX, CTRL_MAC_ADDR): promiscuous by default, as in QEMU.
+    pub promisc: AtomicBool,
+    pub allmulti: AtomicBool,
+    /// The MAC address, packed in the low 48 bits.
+    pub mac: AtomicU64,
+    /// Each data worker's wake-up eventfd, so a control command can get it to re-check.
+    pub wakes: Vec<vmm_sys_util::eventfd::EventFd>,
+}
+
+pub(crate) fn mac_to_u64(mac: [u8; 6]) -> u64 {
+    let mut b = [0u8; 8];
+    b[..6].copy_from_slice(&mac);
+    u64::from_le_bytes(b)
+}
+
+impl Shared {
+    pub fn mac(&self) -> [u8; 6] {
+        let b = self.mac.load(Relaxed).to_le_bytes();
+        [b[0], b[1], b[2], b[3], b[4], b[5]]
+    }
+
+    /// Whether a frame to `dst` passes the receive filter.
+    pub fn accepts(&self, dst: &[u8]) -> bool {
+        if self.promisc.load(Relaxed) || dst.len() < 6 {
+            return true;
+        }
+        let broadcast = dst[..6] == [0xff; 6];
+        let multicast = dst[0] & 1 != 0;
+        broadcast || dst[..6] == self.mac() || (multicast && self.allmulti.load(Relaxed))
+    }
+
+    /// Uses the first `n` pairs: the TAP queues of the others are detached, so the kernel
+    /// stops steering frames to them.
+    pub fn set_active_pairs(&self, n: u16) -> io::Result<()> {
+        for (p, t) in self.taps.iter().enumerate() {
+            t.set_attached(p < n as usize)?;
+        }
+        self.active_pairs.store(n, Relaxed);
+        for w in &self.wakes {
+            let _ = w.write(1);
+        }
+        Ok(())
+    }
+
+    pub fn ctrl_queue(&self) -> usize {
+        2 * self.config.pairs as usize
+    }
+}
+
+/// The device: shared state plus the worker threads, living across connections.
 #[derive(Debug)]
 pub struct Device {
-    config: BackendConfig,
-    taps: Vec<TapQueue>,
+    shared: Arc<Shared>,
+    /// One per pair, then the control queue's.
     workers: Vec<WorkerHandle>,
-    metrics: Vec<Arc<QueueMetrics>>,
 }
 
 impl Device {
@@ -104,15 +175,15 @@ impl Device {
                 "queue pairs must be 1..=128",
             ));
         }
-        let n = 2 * config.pairs as usize;
+        let n = 2 * config.pairs as usize + 1;
         let metrics: Vec<_> = (0..n).map(|_| Arc::new(QueueMetrics::default())).collect();
         for m in &metrics {
             m.busy_poll_us.store(config.busy_poll_us, Relaxed);
         }
         let mut taps = Vec::new();
-        let mut workers = Vec::new();
-        for p in 0..config.pairs {
-            let io = match &config.io {
+        let mut ios = Vec::new();
+        for _ in 0..config.pairs {
+            ios.push(match &config.io {
                 IoMode::Tap(name) => {
                     let q = TapQueue::open(name)?;
                     q.set_vnet_hdr_len(crate::net::HDR_LEN)?;
@@ -121,77 +192,141 @@ impl Device {
                 }
                 IoMode::Null { size } => Io::Null { size: *size },
                 IoMode::Echo => Io::Echo,
-            };
-            workers.push(WorkerHandle::spawn(p, io)?);
+            });
         }
-        Ok(Arc::new(Device {
+        let shared = Arc::new(Shared {
+            active_pairs: AtomicU16::new(config.pairs),
+            promisc: AtomicBool::new(true),
+            allmulti: AtomicBool::new(false),
+            mac: AtomicU64::new(mac_to_u64(config.mac)),
+            wakes: (0..config.pairs)
+                .map(|_| vmm_sys_util::eventfd::EventFd::new(libc::EFD_NONBLOCK))
+                .collect::<io::Result<_>>()?,
             config,
-            taps,
-            workers,
             metrics,
-        }))
+            taps,
+        });
+        let mut workers = Vec::new();
+        for (p, io) in ios.into_iter().enumerate() {
+            workers.push(WorkerHandle::spawn(p as u16, io, shared.clone())?);
+        }
+        workers.push(WorkerHandle::spawn_ctrl(shared.clone())?);
+        Ok(Arc::new(Device { shared, workers }))
     }
 
+    pub fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+    /// Virtqueues: two per pair and the control queue.
     pub fn num_queues(&self) -> usize {
-        2 * self.config.pairs as usize
+        2 * self.shared.config.pairs as usize + 1
     }
     pub fn pairs(&self) -> u16 {
-        self.config.pairs
+        self.shared.config.pairs
     }
     pub fn mac(&self) -> [u8; 6] {
-        self.config.mac
+        self.shared.mac()
     }
     pub fn mtu(&self) -> u16 {
-        self.config.mtu
+        self.shared.config.mtu
     }
     pub fn offered_features(&self) -> Features {
-        device_features(self.config.pairs)
+        device_features(self.shared.config.pairs)
     }
     pub fn metrics(&self, queue: usize) -> Arc<QueueMetrics> {
-        self.metrics[queue].clone()
+        self.shared.metrics[queue].clone()
     }
+    /// The worker serving virtqueue `queue`.
     pub fn worker(&self, queue: usize) -> &WorkerHandle {
-        &self.workers[queue / 2]
+        &self.workers[(queue / 2).min(self.workers.len() - 1)]
     }
 
     /// Sets the busy-poll timeout of one queue, or of all.
     pub fn set_busy_poll(&self, us: u32, queue: Option<usize>) -> Result<(), String> {
+        let m = &self.shared.metrics;
         match queue {
-            Some(q) => self
-                .metrics
+            Some(q) => m
                 .get(q)
                 .ok_or(format!("no queue {q}"))?
                 .busy_poll_us
                 .store(us, Relaxed),
-            None => self
-                .metrics
-                .iter()
-                .for_each(|m| m.busy_poll_us.store(us, Relaxed)),
+            None => m.iter().for_each(|m| m.busy_poll_us.store(us, Relaxed)),
         }
         Ok(())
     }
 
     /// Applies the negotiated header length and guest offloads to every TAP queue.
     pub fn configure_tap(&self, hdr_len: usize, offloads: TapOffloads) -> io::Result<()> {
-        for t in &self.taps {
+        for t in &self.shared.taps {
             t.set_vnet_hdr_len(hdr_len)?;
             t.set_offloads(offloads)?;
         }
         Ok(())
     }
 
+    /// A new connection starts with every pair active and the default receive filter.
+    pub fn reset(&self) {
+        let s = &self.shared;
+        let _ = s.set_active_pairs(s.config.pairs);
+        s.promisc.store(true, Relaxed);
+        s.allmulti.store(false, Relaxed);
+        s.mac.store(mac_to_u64(s.config.mac), Relaxed);
+        for m in &s.metrics {
+            m.set_coalesce(crate::net::ctrl::Coalesce::default());
+        }
+    }
+
     pub fn reports(&self) -> Vec<QueueReport> {
-        self.metrics
+        let ctrl = self.shared.ctrl_queue();
+        self.shared
+            .metrics
             .iter()
             .enumerate()
-            .map(|(i, m)| QueueReport::new(i as u16, if i % 2 == 0 { "rx" } else { "tx" }, m))
+            .map(|(i, m)| {
+                let kind = if i == ctrl {
+                    "ctrl"
+                } else if i % 2 == 0 {
+                    "rx"
+                } else {
+                    "tx"
+                };
+                QueueReport::new(i as u16, kind, m)
+            })
             .collect()
     }
+
+    /// Device-wide state for `virtnet ctl stats`.
+    pub fn device_report(&self) -> DeviceReport {
+        let s = &self.shared;
+        DeviceReport {
+            pairs: s.config.pairs,
+            active_pairs: s.active_pairs.load(Relaxed),
+            promisc: s.promisc.load(Relaxed),
+            allmulti: s.allmulti.load(Relaxed),
+            mac: s
+                .mac()
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect::<Vec<_>>()
+                .join(":"),
+        }
+    }
+}
+
+/// Device-wide state, as `virtnet ctl stats` prints it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct DeviceReport {
+    pub pairs: u16,
+    pub active_pairs: u16,
+    pub promisc: bool,
+    pub allmulti: bool,
+    pub mac: String,
 }
 
 /// Serves one frontend connection until it goes away or breaks the protocol, then stops its
 /// queues. Never panics on frontend input.
 pub fn serve_connection(device: &Arc<Device>, stream: UnixStream) {
+    device.reset();
     let conn = Arc::new(Mutex::new(vhost::Connection::new(device.clone())));
     let mut handler = BackendReqHandler::from_stream(stream, conn.clone());
     loop {

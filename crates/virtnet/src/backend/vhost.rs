@@ -121,14 +121,7 @@ impl Connection {
         let err = v.err.as_ref().and_then(|f| f.try_clone().ok());
         let metrics = self.device.metrics(index);
         v.running = true;
-        let rt = QueueRuntime {
-            index: index as u16,
-            queue,
-            kick,
-            call,
-            err,
-            metrics,
-        };
+        let rt = QueueRuntime::new(index as u16, queue, kick, call, err, metrics);
         self.device.worker(index).start(rt);
         tracing::debug!(queue = index, size = v.num, "queue started");
         Ok(())
@@ -360,7 +353,8 @@ impl VhostUserBackendReqHandlerMut for Connection {
     }
 
     fn get_queue_num(&mut self) -> VuResult<u64> {
-        Ok(self.vrings.len() as u64)
+        // For vhost-user-net this counts queue pairs (QEMU and DPDK read it so).
+        Ok(self.device.pairs() as u64)
     }
 
     fn set_vring_enable(&mut self, index: u32, enable: bool) -> VuResult<()> {

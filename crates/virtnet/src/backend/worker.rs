@@ -15,9 +15,11 @@ use std::time::{Duration, Instant};
 
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::EventFd;
+use vmm_sys_util::timerfd::TimerFd;
 use vring::{Chain, DeviceQueue, Error as RingError, Features, HostSpan};
 
 use super::metrics::{PollExit, QueueMetrics};
+use super::Shared;
 use crate::net::{self, NetHdr};
 use crate::sys;
 use crate::sys::tap::{self, TapQueue};
@@ -49,6 +51,57 @@ pub struct QueueRuntime {
     pub call: Option<EventFd>,
     pub err: Option<EventFd>,
     pub metrics: Arc<QueueMetrics>,
+    /// Notification coalescing: a call the driver asked for but we hold back, since when,
+    /// and the used count at the last call.
+    held_since: Option<Instant>,
+    used_at_last_call: u64,
+}
+
+impl QueueRuntime {
+    pub fn new(
+        index: u16,
+        queue: DeviceQueue,
+        kick: EventFd,
+        call: Option<EventFd>,
+        err: Option<EventFd>,
+        metrics: Arc<QueueMetrics>,
+    ) -> QueueRuntime {
+        let used_at_last_call = queue.stats().used;
+        QueueRuntime {
+            index,
+            queue,
+            kick,
+            call,
+            err,
+            metrics,
+            held_since: None,
+            used_at_last_call,
+        }
+    }
+
+    fn fire(&mut self) {
+        if let Some(call) = &self.call {
+            let _ = call.write(1);
+        }
+        self.metrics.add(&self.metrics.counters.calls, 1);
+        if self.held_since.take().is_some() {
+            self.metrics.add(&self.metrics.counters.calls_coalesced, 1);
+        }
+        self.used_at_last_call = self.queue.stats().used;
+    }
+
+    /// When the held call is due, if one is held.
+    fn call_deadline(&self) -> Option<Instant> {
+        let since = self.held_since?;
+        Some(since + Duration::from_micros(self.metrics.coalesce().max_usecs as u64))
+    }
+
+    /// Sends the held call if its time has come.
+    fn fire_if_due(&mut self, now: Instant) {
+        if self.call_deadline().is_some_and(|d| now >= d) {
+            self.fire();
+        }
+    }
 }
 
 /// Requests from the protocol thread to a worker.
@@ -74,11 +127,13 @@ pub struct WorkerHandle {
 }
 
 impl WorkerHandle {
-    pub fn spawn(pair: u16, io: Io) -> std::io::Result<WorkerHandle> {
+    pub fn spawn(pair: u16, io: Io, shared: Arc<Shared>) -> std::io::Result<WorkerHandle> {
         let (tx, rx) = mpsc::channel();
-        let wake = EventFd::new(libc::EFD_NONBLOCK)?;
+        let wake = shared.wakes[pair as usize].try_clone()?;
         let pending = Arc::new(AtomicBool::new(false));
         let mut worker = Worker {
+            shared,
+            timer: TimerFd::new()?,
             pair,
             io,
             rx: None,
@@ -96,6 +151,24 @@ impl WorkerHandle {
         let thread = std::thread::Builder::new()
             .name(format!("virtnet-pair{pair}"))
             .spawn(move || worker.run())?;
+        Ok(WorkerHandle {
+            tx,
+            wake,
+            pending,
+            thread: Some(thread),
+        })
+    }
+
+    /// The control queue's worker (see `ctrlq`).
+    pub fn spawn_ctrl(shared: Arc<Shared>) -> std::io::Result<WorkerHandle> {
+        let (tx, rx) = mpsc::channel();
+        let wake = EventFd::new(libc::EFD_NONBLOCK)?;
+        let pending = Arc::new(AtomicBool::new(false));
+        let mut ctrl =
+            super::ctrlq::CtrlWorker::new(shared, rx, wake.try_clone()?, pending.clone())?;
+        let thread = std::thread::Builder::new()
+            .name("virtnet-ctrlq".into())
+            .spawn(move || ctrl.run())?;
         Ok(WorkerHandle {
             tx,
             wake,
@@ -136,8 +209,12 @@ const EV_WAKE: u64 = 0;
 const EV_RX_KICK: u64 = 1;
 const EV_TX_KICK: u64 = 2;
 const EV_TAP: u64 = 3;
+const EV_TIMER: u64 = 4;
 
 struct Worker {
+    shared: Arc<Shared>,
+    /// Fires when a call held back by coalescing is due.
+    timer: TimerFd,
     pair: u16,
     io: Io,
     rx: Option<QueueRuntime>,
@@ -164,7 +241,7 @@ struct Turn {
 }
 
 /// Marks a queue broken: logs once, counts, signals the frontend's error eventfd.
-fn break_queue(q: &QueueRuntime, e: &RingError) {
+pub(super) fn break_queue(q: &QueueRuntime, e: &RingError) {
     if q.metrics.set_broken(e.to_string()) {
         tracing::error!(queue = q.index, error = %e, "guest broke the queue; it stays stopped until reset");
         if let Some(err) = &q.err {
@@ -173,20 +250,32 @@ fn break_queue(q: &QueueRuntime, e: &RingError) {
     }
 }
 
-/// Sends the call if the driver asked for it, and counts either way.
-fn notify(q: &mut QueueRuntime) {
+/// Publishes the used batch and sends the call if the driver asked for it, unless
+/// coalescing holds it back: then it goes once `max_packets` completions accumulate or
+/// `max_usecs` pass (the worker's timer), whichever is first. A held call is never dropped:
+/// with EVENT_IDX the driver will not ask again until it has been woken.
+pub(super) fn notify(q: &mut QueueRuntime) {
     let before = q.queue.stats().used_idx_stores;
     let need = q.queue.needs_notification();
     let flushed = q.queue.stats().used_idx_stores - before;
-    let c = &q.metrics.counters;
-    q.metrics.add(&c.batches_flushed, flushed);
-    if need {
-        q.metrics.add(&c.calls, 1);
-        if let Some(call) = &q.call {
-            let _ = call.write(1);
-        }
+    q.metrics.add(&q.metrics.counters.batches_flushed, flushed);
+    let coal = q.metrics.coalesce();
+    if need && coal.is_off() {
+        q.fire();
+        return;
+    }
+    if need && q.held_since.is_none() {
+        q.held_since = Some(Instant::now());
+    }
+    if q.held_since.is_none() {
+        q.metrics.add(&q.metrics.counters.calls_suppressed, 1);
+        return;
+    }
+    let used = q.queue.stats().used - q.used_at_last_call;
+    if coal.is_off() || (coal.max_packets > 0 && used >= coal.max_packets as u64) {
+        q.fire();
     } else {
-        q.metrics.add(&c.calls_suppressed, 1);
+        q.fire_if_due(Instant::now());
     }
 }
 
@@ -247,11 +336,17 @@ impl Worker {
             self.wake.as_raw_fd(),
             EpollEvent::new(EventSet::IN, EV_WAKE),
         );
+        let _ = self.epoll.ctl(
+            ControlOperation::Add,
+            self.timer.as_raw_fd(),
+            EpollEvent::new(EventSet::IN, EV_TIMER),
+        );
         let mut events = vec![EpollEvent::default(); 8];
         loop {
             if self.pending.swap(false, SeqCst) && !self.handle_commands() {
                 return;
             }
+            self.fire_due_calls();
             let tx = self.handle_tx();
             let rx = self.handle_rx();
             if tx.exhausted || rx.exhausted || tx.frames + rx.frames > 0 {
@@ -266,6 +361,7 @@ impl Worker {
                 self.disarm_notifications();
                 continue;
             }
+            self.arm_timer();
             let n = self.epoll.wait(-1, &mut events).unwrap_or(0);
             for ev in &events[..n] {
                 match ev.data() {
@@ -274,10 +370,44 @@ impl Worker {
                     }
                     EV_RX_KICK => Self::take_kick(&self.rx),
                     EV_TX_KICK => Self::take_kick(&self.tx),
+                    EV_TIMER => {
+                        let _ = self.timer.wait();
+                    }
                     _ => {}
                 }
             }
             self.disarm_notifications();
+        }
+    }
+
+    fn fire_due_calls(&mut self) {
+        let now = Instant::now();
+        for q in [self.tx.as_mut(), self.rx.as_mut()].into_iter().flatten() {
+            q.fire_if_due(now);
+        }
+    }
+
+    fn next_call_deadline(&self) -> Option<Instant> {
+        [self.tx.as_ref(), self.rx.as_ref()]
+            .into_iter()
+            .flatten()
+            .filter_map(|q| q.call_deadline())
+            .min()
+    }
+
+    /// Arms the timer for the earliest held call, or disarms it.
+    fn arm_timer(&mut self) {
+        let r = match self.next_call_deadline() {
+            // A zero duration would disarm the timer: wait at least a microsecond.
+            Some(d) => self.timer.reset(
+                d.saturating_duration_since(Instant::now())
+                    .max(Duration::from_micros(1)),
+                None,
+            ),
+            None => self.timer.clear(),
+        };
+        if let Err(e) = r {
+            tracing::warn!(error = %e, "coalescing timer failed");
         }
     }
 
@@ -322,6 +452,9 @@ impl Worker {
                     };
                     let next = slot.take().map(|mut q| {
                         q.queue.flush();
+                        if q.held_since.is_some() {
+                            q.fire(); // A held call goes out before the queue stops.
+                        }
                         let _ = self.epoll.ctl(
                             ControlOperation::Delete,
                             q.kick.as_raw_fd(),
@@ -396,6 +529,7 @@ impl Worker {
                     Io::Echo => {
                         let rx = self.rx.as_mut().expect("checked above");
                         if !Self::echo_one(
+                            &self.shared,
                             tx,
                             rx,
                             &self.chain,
@@ -434,6 +568,7 @@ impl Worker {
     /// Copies one tx chain into rx buffers. Returns false when rx has no buffer (nothing
     /// consumed). Rx errors break the rx queue only.
     fn echo_one(
+        shared: &Shared,
         tx: &mut QueueRuntime,
         rx: &mut QueueRuntime,
         chain: &Chain,
@@ -441,7 +576,7 @@ impl Worker {
         rx_chains: &mut Vec<Chain>,
     ) -> Result<bool, RingError> {
         let n = read_chain(tx.queue.memory(), chain, bounce)?;
-        match deliver(rx, &mut bounce[..n], rx_chains) {
+        match deliver(shared, rx, &mut bounce[..n], rx_chains) {
             Ok(delivered) => {
                 if delivered {
                     let hdr_len = net::hdr_len(rx.queue.config().features());
@@ -464,6 +599,9 @@ impl Worker {
         let Some(rxq) = usable(&self.rx) else {
             return turn;
         };
+        if self.pair >= self.shared.active_pairs.load(Relaxed) {
+            return turn; // Disabled by VQ_PAIRS_SET: this pair carries no traffic.
+        }
         let hdr_len = net::hdr_len(rxq.queue.config().features());
         let metrics = rxq.metrics.clone();
         let c = &metrics.counters;
@@ -479,7 +617,7 @@ impl Worker {
                 Io::Echo => return Ok(()), // Driven from tx.
                 Io::Null { .. } => {
                     let mut frame = std::mem::take(&mut self.null_frame);
-                    let ok = deliver(rx, &mut frame, &mut self.rx_chains);
+                    let ok = deliver(&self.shared, rx, &mut frame, &mut self.rx_chains);
                     let n = frame.len();
                     self.null_frame = frame;
                     if !ok? {
@@ -496,7 +634,7 @@ impl Worker {
                     let Ok(n) = t.read(&mut self.bounce) else {
                         return Ok(());
                     };
-                    if !deliver(rx, &mut self.bounce[..n], &mut self.rx_chains)? {
+                    if !deliver(&self.shared, rx, &mut self.bounce[..n], &mut self.rx_chains)? {
                         metrics.add(&c.dropped, 1);
                         return Ok(());
                     }
@@ -548,19 +686,25 @@ impl Worker {
             if let Some(rx) = self.rx.as_mut().filter(|q| q.queue.broken().is_none()) {
                 // Seed 003: poll the host side for rx while waiting on tx, when the guest has
                 // posted buffers to receive into.
-                let host_ready = match (&self.io, tap_fd) {
-                    (Io::Null { .. }, _) => true,
-                    (Io::Tap(_), Some(fd)) => spins.is_multiple_of(8) && sys::readable_now(fd),
-                    _ => false,
-                };
+                let active = self.pair < self.shared.active_pairs.load(Relaxed);
+                let host_ready = active
+                    && match (&self.io, tap_fd) {
+                        (Io::Null { .. }, _) => true,
+                        (Io::Tap(_), Some(fd)) => spins.is_multiple_of(8) && sys::readable_now(fd),
+                        _ => false,
+                    };
                 if host_ready && rx.queue.avail_pending().unwrap_or(false) {
                     break PollExit::Hit;
                 }
             }
             spins = spins.wrapping_add(1);
             if spins.is_multiple_of(64) {
-                if Instant::now() >= deadline {
+                let now = Instant::now();
+                if now >= deadline {
                     break PollExit::Timeout;
+                }
+                if self.next_call_deadline().is_some_and(|d| now >= d) {
+                    break PollExit::OtherWork; // A held call is due.
                 }
                 if sys::involuntary_switches() != switches {
                     break PollExit::Yield;
@@ -622,9 +766,11 @@ impl Worker {
         let tx = self.tx.as_mut().is_some_and(|q| {
             q.queue.broken().is_none() && q.queue.avail_pending().unwrap_or(false)
         });
-        let rx_bufs = self.rx.as_mut().is_some_and(|q| {
-            q.queue.broken().is_none() && q.queue.avail_pending().unwrap_or(false)
-        });
+        let active = self.pair < self.shared.active_pairs.load(Relaxed);
+        let rx_bufs = active
+            && self.rx.as_mut().is_some_and(|q| {
+                q.queue.broken().is_none() && q.queue.avail_pending().unwrap_or(false)
+            });
         match &self.io {
             Io::Null { .. } => tx || rx_bufs,
             Io::Echo => tx && rx_bufs,
@@ -643,11 +789,17 @@ impl Worker {
 /// buffers when MRG_RXBUF is negotiated. Returns false when there are not enough buffers
 /// (nothing is consumed).
 fn deliver(
+    shared: &Shared,
     rx: &mut QueueRuntime,
     frame: &mut [u8],
     chains: &mut Vec<Chain>,
 ) -> Result<bool, RingError> {
     let features = rx.queue.config().features();
+    let hdr_len = net::hdr_len(features);
+    if !shared.accepts(frame.get(hdr_len..).unwrap_or(&[])) {
+        rx.metrics.add(&rx.metrics.counters.filtered, 1);
+        return Ok(true); // Consumed: dropped by the filter.
+    }
     let mergeable = features.contains(Features::NET_MRG_RXBUF);
     let need = frame.len() as u64;
     let mut have = 0u64;

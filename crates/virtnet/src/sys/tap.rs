@@ -72,6 +72,24 @@ impl TapQueue {
         (&self.file).read(buf)
     }
 
+    /// Attaches or detaches this queue (TUNSETQUEUE): a detached queue gets no frames.
+    pub fn set_attached(&self, on: bool) -> io::Result<()> {
+        // SAFETY: ifreq is plain old data; all-zero is a valid value.
+        let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
+        let flag = if on {
+            libc::IFF_ATTACH_QUEUE
+        } else {
+            libc::IFF_DETACH_QUEUE
+        };
+        ifr.ifr_ifru.ifru_flags = flag as libc::c_short;
+        // SAFETY: TUNSETQUEUE takes a pointer to an ifreq, and `ifr` is one.
+        match unsafe { ioctl_ptr(self.file.as_raw_fd(), libc::TUNSETQUEUE, &mut ifr) } {
+            // Attaching an attached queue (or detaching a detached one) is not an error for us.
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok(()),
+            r => r,
+        }
+    }
+
     pub fn name(&self) -> &str {
         &self.name
     }

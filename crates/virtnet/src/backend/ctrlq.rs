@@ -1,0 +1,284 @@
+//! The device side of the control virtqueue (spec 5.1.6.5): MQ VQ_PAIRS_SET, the receive
+//! filter (RX promisc/allmulti, MAC_ADDR_SET) and notification coalescing (NOTF_COAL,
+//! VQ_NOTF_COAL SET/GET), on a thread of its own.
+//!
+//! Each command answers in its own chain: a reply (VQ_NOTF_COAL GET) at the start of the
+//! writable part and the ack in its last byte. A command the device cannot decode or apply is
+//! acked ERR; only a chain the ring engine refuses breaks the queue. `ctrl_delay_us` makes the
+//! device slow on purpose, to reproduce seed 004.
+
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed, Ordering::SeqCst};
+use std::sync::{mpsc, Arc};
+use std::time::Duration;
+
+use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
+use vmm_sys_util::eventfd::EventFd;
+use vring::{Chain, Error as RingError, GuestMemory, Segment};
+
+use super::worker::{break_queue, notify, Command, QueueRuntime};
+use super::Shared;
+use crate::net::ctrl::{self, Coalesce, Command as CtrlCommand};
+
+/// Commands are a few bytes; anything longer than this is refused without reading it all.
+const MAX_COMMAND: u64 = 4096;
+
+const EV_WAKE: u64 = 0;
+const EV_KICK: u64 = 1;
+
+pub(crate) struct CtrlWorker {
+    shared: Arc<Shared>,
+    commands: mpsc::Receiver<Command>,
+    wake: EventFd,
+    pending: Arc<AtomicBool>,
+    epoll: Epoll,
+    queue: Option<QueueRuntime>,
+    chain: Chain,
+}
+
+/// Writes `bytes` at `offset` of the writable part of `segs`.
+fn write_at(
+    mem: &GuestMemory,
+    segs: &[Segment],
+    mut offset: u64,
+    mut bytes: &[u8],
+) -> Result<(), RingError> {
+    for s in segs {
+        if bytes.is_empty() {
+            break;
+        }
+        if offset >= s.len as u64 {
+            offset -= s.len as u64;
+            continue;
+        }
+        let n = bytes.len().min((s.len as u64 - offset) as usize);
+        let at = vring::GuestAddress(s.addr.0 + offset);
+        mem.write(at, &bytes[..n])?;
+        bytes = &bytes[n..];
+        offset = 0;
+    }
+    Ok(())
+}
+
+impl CtrlWorker {
+    pub(crate) fn new(
+        shared: Arc<Shared>,
+        commands: mpsc::Receiver<Command>,
+        wake: EventFd,
+        pending: Arc<AtomicBool>,
+    ) -> std::io::Result<CtrlWorker> {
+        Ok(CtrlWorker {
+            shared,
+            commands,
+            wake,
+            pending,
+            epoll: Epoll::new()?,
+            queue: None,
+            chain: Chain::new(),
+        })
+    }
+
+    pub(crate) fn run(&mut self) {
+        let _ = self.epoll.ctl(
+            ControlOperation::Add,
+            self.wake.as_raw_fd(),
+            EpollEvent::new(EventSet::IN, EV_WAKE),
+        );
+        let mut events = vec![EpollEvent::default(); 4];
+        loop {
+            if self.pending.swap(false, SeqCst) && !self.handle_commands() {
+                return;
+            }
+            if self.process() > 0 {
+                continue;
+            }
+            if let Some(q) = self.queue.as_mut().filter(|q| q.queue.broken().is_none()) {
+                match q.queue.enable_notification() {
+                    Ok(true) => continue,
+                    Ok(false) => {}
+                    Err(e) => break_queue(q, &e),
+                }
+            }
+            let n = self.epoll.wait(-1, &mut events).unwrap_or(0);
+            for ev in &events[..n] {
+                match ev.data() {
+                    EV_WAKE => {
+                        let _ = self.wake.read();
+                    }
+                    EV_KICK => {
+                        if let Some(q) = &self.queue {
+                            if q.kick.read().is_ok() {
+                                q.metrics.add(&q.metrics.counters.kicks, 1);
+                            }
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            if let Some(q) = self.queue.as_mut() {
+                q.queue.disable_notification();
+            }
+        }
+    }
+
+    /// Applies start/stop requests; returns false on shutdown.
+    fn handle_commands(&mut self) -> bool {
+        while let Ok(cmd) = self.commands.try_recv() {
+            match cmd {
+                Command::Start(q) => {
+                    let _ = self.epoll.ctl(
+                        ControlOperation::Add,
+                        q.kick.as_raw_fd(),
+                        EpollEvent::new(EventSet::IN, EV_KICK),
+                    );
+                    q.metrics.clear_broken();
+                    if let Some(old) = self.queue.replace(*q) {
+                        let _ = self.epoll.ctl(
+                            ControlOperation::Delete,
+                            old.kick.as_raw_fd(),
+                            EpollEvent::default(),
+                        );
+                    }
+                }
+                Command::Stop { reply, .. } => {
+                    let next = self.queue.take().map(|mut q| {
+                        q.queue.flush();
+                        let _ = self.epoll.ctl(
+                            ControlOperation::Delete,
+                            q.kick.as_raw_fd(),
+                            EpollEvent::default(),
+                        );
+                        q.queue.next_avail()
+                    });
+                    let _ = reply.send(next);
+                }
+                Command::Shutdown => return false,
+            }
+        }
+        true
+    }
+
+    /// Handles every pending command; returns how many.
+    fn process(&mut self) -> usize {
+        let Some(q) = self.queue.as_mut().filter(|q| q.queue.broken().is_none()) else {
+            return 0;
+        };
+        let mut done = 0;
+        loop {
+            // Control commands are rare and latency-bound: answer each one at once.
+            q.queue.set_used_batch(1);
+            match q.queue.pop_into(&mut self.chain) {
+                Ok(true) => {}
+                Ok(false) => return done,
+                Err(e) => {
+                    break_queue(q, &e);
+                    return done;
+                }
+            }
+            let delay = self.shared.config.ctrl_delay_us;
+            if delay > 0 {
+                std::thread::sleep(Duration::from_micros(delay as u64));
+            }
+            let result = Self::answer(&self.shared, q.queue.memory(), &self.chain);
+            let c = &q.metrics.counters;
+            q.metrics.add(&c.ctrl_commands, 1);
+            let written = match result {
+                Ok(w) => w,
+                Err(e) => {
+                    tracing::debug!(error = %e, "control command refused");
+                    q.metrics.add(&c.ctrl_errors, 1);
+                    0
+                }
+            };
+            if let Err(e) = q.queue.add_used(self.chain.head(), written) {
+                break_queue(q, &e);
+                return done;
+            }
+            notify(q);
+            done += 1;
+        }
+    }
+
+    /// Decodes, applies and acks one command chain; returns the bytes written.
+    fn answer(shared: &Shared, mem: &GuestMemory, chain: &Chain) -> Result<u32, String> {
+        let writable = chain.writable_len();
+        if writable == 0 {
+            return Err("no room for the ack".into());
+        }
+        let (ack, reply) = match Self::read_command(mem, chain) {
+            Ok(cmd) if (writable as usize) < cmd.reply_len() + 1 => (
+                ctrl::ERR,
+                Err(format!(
+                    "{cmd:?} needs {} writable bytes",
+                    cmd.reply_len() + 1
+                )),
+            ),
+            Ok(cmd) => match Self::apply(shared, cmd) {
+                Ok(reply) => (ctrl::OK, Ok(reply)),
+                Err(e) => (ctrl::ERR, Err(e)),
+            },
+            Err(e) => (ctrl::ERR, Err(e)),
+        };
+        let segs = chain.writable();
+        let mut written = 1u32;
+        if let Ok(Some(r)) = &reply {
+            write_at(mem, segs, 0, r).map_err(|e| e.to_string())?;
+            written += r.len() as u32;
+        }
+        write_at(mem, segs, writable - 1, &[ack]).map_err(|e| e.to_string())?;
+        reply.map(|_| written)
+    }
+
+    fn read_command(mem: &GuestMemory, chain: &Chain) -> Result<CtrlCommand, String> {
+        if chain.readable_len() > MAX_COMMAND {
+            return Err(format!("command of {} bytes", chain.readable_len()));
+        }
+        let mut buf = vec![0u8; chain.readable_len() as usize];
+        let mut at = 0;
+        for s in chain.readable() {
+            mem.read(s.addr, &mut buf[at..at + s.len as usize])
+                .map_err(|e| e.to_string())?;
+            at += s.len as usize;
+        }
+        CtrlCommand::decode(&buf).map_err(|e| e.to_string())
+    }
+
+    /// Applies a command to the device; returns the reply bytes of a GET.
+    fn apply(shared: &Shared, cmd: CtrlCommand) -> Result<Option<[u8; 8]>, String> {
+        let pairs = shared.config.pairs;
+        let data_queues = 2 * pairs as usize;
+        let set_every = |first: usize, coal: Coalesce| {
+            shared.metrics[..data_queues]
+                .iter()
+                .skip(first)
+                .step_by(2)
+                .for_each(|m| m.set_coalesce(coal));
+        };
+        match cmd {
+            CtrlCommand::VqPairsSet(n) => {
+                if n == 0 || n > pairs {
+                    return Err(format!("VQ_PAIRS_SET {n}: the device has {pairs} pairs"));
+                }
+                shared.set_active_pairs(n).map_err(|e| e.to_string())?;
+            }
+            CtrlCommand::RxPromisc(on) => shared.promisc.store(on, Relaxed),
+            CtrlCommand::RxAllmulti(on) => shared.allmulti.store(on, Relaxed),
+            CtrlCommand::MacAddrSet(mac) => shared.mac.store(super::mac_to_u64(mac), Relaxed),
+            CtrlCommand::NotfCoalTx(c) => set_every(1, c),
+            CtrlCommand::NotfCoalRx(c) => set_every(0, c),
+            CtrlCommand::VqNotfCoalSet { vqn, coal } => {
+                let m = shared.metrics[..data_queues]
+                    .get(vqn as usize)
+                    .ok_or(format!("no data queue {vqn}"))?;
+                m.set_coalesce(coal);
+            }
+            CtrlCommand::VqNotfCoalGet { vqn } => {
+                let m = shared.metrics[..data_queues]
+                    .get(vqn as usize)
+                    .ok_or(format!("no data queue {vqn}"))?;
+                return Ok(Some(CtrlCommand::encode_reply(m.coalesce())));
+            }
+        }
+        Ok(None)
+    }
+}

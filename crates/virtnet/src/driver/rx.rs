@@ -1,0 +1,377 @@
+//! The receive half of a queue pair (spec 5.1.6.3 and 5.1.6.4).
+//!
+//! The ring is kept full of buffers, in one of Linux virtio_net's three layouts: mergeable
+//! buffers (MRG_RXBUF: a frame may span several, counted by `num_buffers`), big buffers
+//! (no MRG_RXBUF but guest TSO: each buffer is a chain able to hold a 64 KiB frame), or small
+//! buffers (one frame of at most the MTU per buffer).
+//!
+//! Processing is NAPI-style: the call eventfd fires, callbacks are disabled, up to a budget of
+//! frames is taken, the ring refilled, and callbacks enabled again with a re-check, so that a
+//! frame that lands meanwhile is not left waiting for an interrupt that will never come.
+
+use std::sync::Arc;
+
+use vmm_sys_util::eventfd::EventFd;
+use vring::{Buf, DriverQueue, Features, GuestAddress, GuestMemory};
+
+use super::counters::QueueCounters;
+use super::dim::RxDim;
+use super::{ring_error, BufPool, DriverError};
+use crate::frontend::{Allocator, QueueSetup};
+use crate::net::{self, NetHdr};
+
+/// The largest frame a big buffer must hold: a 64 KiB IP datagram behind Ethernet and VLAN.
+pub const MAX_GSO_FRAME: u32 = 65535 + 14 + 4;
+
+/// How receive buffers are shaped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RxLayout {
+    /// MRG_RXBUF: `buf_len`-byte buffers, one descriptor each; a frame may span several.
+    Mergeable { buf_len: u32 },
+    /// One `buf_len`-byte buffer per frame (header included), one descriptor.
+    Small { buf_len: u32 },
+    /// A chain per frame: a header descriptor then `segs` descriptors of `seg_len` bytes,
+    /// together able to hold [`MAX_GSO_FRAME`].
+    Big { segs: u16, seg_len: u32 },
+}
+
+impl RxLayout {
+    /// The layout Linux would pick for `features`: mergeable if negotiated, else big buffers
+    /// if the device may send GSO frames, else small ones sized for `mtu`. Big chains have at
+    /// most `max_chain` descriptors (an indirect table's capacity, and never more than the
+    /// queue size).
+    pub fn for_features(features: Features, mtu: u16, max_chain: u16) -> RxLayout {
+        let hdr = net::hdr_len(features) as u32;
+        if features.contains(Features::NET_MRG_RXBUF) {
+            return RxLayout::Mergeable { buf_len: 1536 };
+        }
+        let gso = Features::NET_GUEST_TSO4 | Features::NET_GUEST_TSO6 | Features::NET_GUEST_UFO;
+        if features.intersection(gso) != Features::EMPTY {
+            let segs = max_chain.clamp(2, 64) - 1;
+            let seg_len = MAX_GSO_FRAME.div_ceil(segs as u32).next_multiple_of(64);
+            return RxLayout::Big { segs, seg_len };
+        }
+        // Header, Ethernet header, a VLAN tag and the MTU.
+        RxLayout::Small {
+            buf_len: hdr + 14 + 4 + mtu.max(1500) as u32,
+        }
+    }
+
+    /// Descriptors one buffer takes when added directly.
+    fn descs(&self) -> usize {
+        match self {
+            RxLayout::Big { segs, .. } => 1 + *segs as usize,
+            _ => 1,
+        }
+    }
+
+    fn bytes(&self, hdr_len: usize) -> u32 {
+        match *self {
+            RxLayout::Mergeable { buf_len } | RxLayout::Small { buf_len } => buf_len,
+            RxLayout::Big { segs, seg_len } => hdr_len as u32 + segs as u32 * seg_len,
+        }
+    }
+}
+
+/// The receive half of a queue pair.
+#[derive(Debug)]
+pub struct RxQueue {
+    vq: u16,
+    q: DriverQueue<u16>,
+    pool: BufPool,
+    layout: RxLayout,
+    mem: Arc<GuestMemory>,
+    kick: EventFd,
+    call: EventFd,
+    hdr_len: usize,
+    scratch: Vec<Buf>,
+    frame: Vec<u8>,
+    dim: Option<RxDim>,
+    pub counters: Arc<QueueCounters>,
+}
+
+impl RxQueue {
+    /// The rx queue of pair 0 (virtqueue 0) with `buf_len`-byte buffers: mergeable ones if
+    /// MRG_RXBUF is negotiated, else one buffer per frame, which must then hold the largest
+    /// frame and its header.
+    pub fn new(
+        setup: &QueueSetup,
+        mem: &Arc<GuestMemory>,
+        alloc: &mut Allocator,
+        buf_len: u32,
+    ) -> Result<RxQueue, DriverError> {
+        let layout = if setup.config.features().contains(Features::NET_MRG_RXBUF) {
+            RxLayout::Mergeable { buf_len }
+        } else {
+            RxLayout::Small { buf_len }
+        };
+        RxQueue::with_layout(0, setup, mem, alloc, layout)
+    }
+
+    /// The rx queue at virtqueue index `vq` (2 * pair), with `layout` buffers, filled.
+    pub fn with_layout(
+        vq: u16,
+        setup: &QueueSetup,
+        mem: &Arc<GuestMemory>,
+        alloc: &mut Allocator,
+        layout: RxLayout,
+    ) -> Result<RxQueue, DriverError> {
+        let q = DriverQueue::activate(&setup.config, mem.clone(), setup.indirect)
+            .map_err(|source| DriverError::Ring { vq, source })?;
+        let features = setup.config.features();
+        let hdr_len = net::hdr_len(features);
+        let size = setup.config.size();
+        let descs = layout.descs();
+        if descs > size as usize {
+            return Err(DriverError::Ring {
+                vq,
+                source: vring::Error::QueueFull {
+                    needed: descs,
+                    free: size,
+                },
+            });
+        }
+        // Buffers that fit the ring at once: all of them when each takes one descriptor.
+        let count = if q.uses_indirect(descs) || descs == 1 {
+            size
+        } else {
+            size / descs as u16
+        };
+        let pool = BufPool::new(alloc, count, layout.bytes(hdr_len))?;
+        let mut rx = RxQueue {
+            vq,
+            q,
+            pool,
+            layout,
+            mem: mem.clone(),
+            kick: setup.kick.try_clone()?,
+            call: setup.call.try_clone()?,
+            hdr_len,
+            scratch: Vec::with_capacity(descs),
+            frame: Vec::with_capacity(2048),
+            dim: None,
+            counters: Arc::new(QueueCounters::default()),
+        };
+        rx.refill()?;
+        Ok(rx)
+    }
+
+    pub fn vq(&self) -> u16 {
+        self.vq
+    }
+    pub fn layout(&self) -> RxLayout {
+        self.layout
+    }
+    pub fn call_fd(&self) -> &EventFd {
+        &self.call
+    }
+    pub fn ring(&self) -> &DriverQueue<u16> {
+        &self.q
+    }
+    /// Attaches dynamic interrupt moderation: it runs each time a NAPI round completes.
+    pub fn attach_dim(&mut self, dim: RxDim) {
+        self.dim = Some(dim);
+    }
+    pub fn dim(&self) -> Option<&RxDim> {
+        self.dim.as_ref()
+    }
+
+    /// Posts every free buffer; kicks if the device asked for it.
+    pub fn refill(&mut self) -> Result<(), DriverError> {
+        let mut added = false;
+        let descs = self.layout.descs();
+        let needed = if self.q.uses_indirect(descs) { 1 } else { descs };
+        while self.q.num_free() as usize >= needed {
+            let Some(slot) = self.pool.free.pop() else {
+                break;
+            };
+            let at = self.pool.addr(slot);
+            self.scratch.clear();
+            match self.layout {
+                RxLayout::Mergeable { buf_len } | RxLayout::Small { buf_len } => {
+                    self.scratch.push(Buf::new(at, buf_len));
+                }
+                RxLayout::Big { segs, seg_len } => {
+                    self.scratch.push(Buf::new(at, self.hdr_len as u32));
+                    for i in 0..segs as u64 {
+                        let a = at.0 + self.hdr_len as u64 + i * seg_len as u64;
+                        self.scratch.push(Buf::new(GuestAddress(a), seg_len));
+                    }
+                }
+            }
+            if let Err(e) = self.q.add(&[], &self.scratch, slot) {
+                self.pool.free.push(slot);
+                return Err(ring_error(self.vq, &self.counters, e));
+            }
+            added = true;
+        }
+        if added && self.q.kick_prepare() {
+            let _ = self.kick.write(1);
+            self.counters.kicks.add(1);
+        }
+        Ok(())
+    }
+
+    fn next_used(&mut self) -> Result<Option<(u16, u32)>, DriverError> {
+        // The engine checked the used id against its in-flight table and the length against
+        // what the chain can take; the token it returns is one of our slots.
+        self.q
+            .get_used()
+            .map_err(|e| ring_error(self.vq, &self.counters, e))
+    }
+
+    /// Takes the next received frame (header stripped) into `out`. Ok(None) when nothing
+    /// waits; a frame the device described badly is dropped and counted, and the next one
+    /// is tried.
+    pub fn recv(&mut self, out: &mut Vec<u8>) -> Result<Option<NetHdr>, DriverError> {
+        loop {
+            let Some((slot, len)) = self.next_used()? else {
+                return Ok(None);
+            };
+            out.clear();
+            let mut hdr_bytes = [0u8; net::HDR_LEN];
+            let first = self.pool.addr(slot);
+            let len = len as usize;
+            let mut ok = len >= self.hdr_len;
+            let mut buffers = 1u16;
+            if ok {
+                self.read(first, &mut hdr_bytes[..self.hdr_len])?;
+                if matches!(self.layout, RxLayout::Mergeable { .. }) {
+                    buffers = NetHdr::from_bytes(&hdr_bytes).num_buffers.max(1);
+                }
+                self.copy_out(first, self.hdr_len, len, out)?;
+            }
+            self.pool.free.push(slot);
+            // More buffers than could possibly be in flight: a lie, not a frame to wait for.
+            if buffers as usize > self.q.config().size() as usize {
+                ok = false;
+                buffers = 1;
+            }
+            for _ in 1..buffers {
+                match self.next_used()? {
+                    Some((slot, len)) => {
+                        self.copy_out(self.pool.addr(slot), 0, len as usize, out)?;
+                        self.pool.free.push(slot);
+                    }
+                    None => {
+                        ok = false;
+                        break;
+                    }
+                }
+            }
+            if !ok {
+                self.counters.dropped.add(1);
+                continue;
+            }
+            self.counters.packets.add(1);
+            self.counters.bytes.add(out.len() as u64);
+            return Ok(Some(NetHdr::from_bytes(&hdr_bytes)));
+        }
+    }
+
+    fn read(&self, at: GuestAddress, buf: &mut [u8]) -> Result<(), DriverError> {
+        self.mem
+            .read(at, buf)
+            .map_err(|e| ring_error(self.vq, &self.counters, e))
+    }
+
+    fn copy_out(
+        &self,
+        at: GuestAddress,
+        from: usize,
+        len: usize,
+        out: &mut Vec<u8>,
+    ) -> Result<(), DriverError> {
+        let len = len.min(self.pool.buf_len as usize);
+        if len > from {
+            let start = out.len();
+            out.resize(start + len - from, 0);
+            self.read(GuestAddress(at.0 + from as u64), &mut out[start..])?;
+        }
+        Ok(())
+    }
+
+    /// NAPI-style poll: up to `budget` frames handed to `f`, refill, then enable callbacks
+    /// and re-check. Returns the frames received; when it returns fewer than `budget`,
+    /// callbacks are on and the caller may sleep on the call eventfd.
+    pub fn poll(&mut self, budget: usize, mut f: impl FnMut(&[u8])) -> Result<usize, DriverError> {
+        self.q.disable_cb();
+        self.counters.polls.add(1);
+        let mut frame = std::mem::take(&mut self.frame);
+        let mut n = 0;
+        let result = loop {
+            while n < budget {
+                match self.recv(&mut frame) {
+                    Ok(Some(_)) => {
+                        f(&frame);
+                        n += 1;
+                    }
+                    Ok(None) => break,
+                    Err(e) => {
+                        self.frame = frame;
+                        return Err(e);
+                    }
+                }
+            }
+            if let Err(e) = self.refill() {
+                break Err(e);
+            }
+            if n >= budget {
+                break Ok(n);
+            }
+            // Enable and re-check: a frame that landed meanwhile must not wait for the next
+            // interrupt.
+            if !self.q.enable_cb() {
+                if let Some(dim) = &mut self.dim {
+                    dim.on_napi_complete(&self.counters);
+                }
+                break Ok(n);
+            }
+            self.counters.rechecks.add(1);
+            self.q.disable_cb();
+        };
+        self.frame = frame;
+        result
+    }
+
+    /// Blocks until the call eventfd fires or `timeout_ms` passes (negative: forever);
+    /// counts the interrupt.
+    pub fn wait(&mut self, timeout_ms: i32) -> bool {
+        super::wait_readable(&self.call, timeout_ms) && self.ack_interrupt()
+    }
+
+    /// Reads the call eventfd and counts an interrupt if one was pending.
+    pub fn ack_interrupt(&mut self) -> bool {
+        let fired = self.call.read().is_ok();
+        if fired {
+            self.counters.interrupts.add(1);
+        }
+        fired
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layouts_follow_features() {
+        let v1 = Features::VERSION_1;
+        assert_eq!(
+            RxLayout::for_features(v1 | Features::NET_MRG_RXBUF, 1500, 16),
+            RxLayout::Mergeable { buf_len: 1536 }
+        );
+        assert_eq!(
+            RxLayout::for_features(v1, 1500, 16),
+            RxLayout::Small {
+                buf_len: 12 + 14 + 4 + 1500
+            }
+        );
+        let big = RxLayout::for_features(v1 | Features::NET_GUEST_TSO4, 1500, 16);
+        let RxLayout::Big { segs, seg_len } = big else {
+            panic!("{big:?}")
+        };
+        assert_eq!(big.descs(), 16);
+        assert!(segs as u32 * seg_len >= MAX_GSO_FRAME);
+    }
+}
