@@ -28,10 +28,7 @@ vn_result ping_loss "$(sed -n 's/.* \([0-9]*\)% packet loss.*/\1/p' /tmp/ping.tx
 #[test]
 fn linux_guest_pings_through_dpdk_vhost_backend() {
     if !packages::is_root() {
-        packages::skip(
-            TEST,
-            "needs root (apt-get, DPDK's /var/run/dpdk, QEMU's memfd)",
-        );
+        packages::skip(TEST, "needs root (apt-get installs, DPDK's /var/run/dpdk)");
         return;
     }
     let requirements: Vec<_> = GUEST_REQUIREMENTS

@@ -6,6 +6,7 @@
 //!
 //! - [`guest`]: build the guest initramfs, boot QEMU (TCG) with a virtio-net-pci device, run a
 //!   shell script in the guest and parse its markers from the serial console.
+//! - [`image`]: the guest's kernel and initramfs, cached under the target directory.
 //! - [`netns`]: a network namespace with a TAP device, removed on drop.
 //! - [`testpmd`]: `dpdk-testpmd` as a vhost-user backend, with its port counters.
 //! - [`packages`]: install what a test needs with apt-get, or say why the test is skipped.
@@ -18,6 +19,7 @@
 
 pub mod cpio;
 pub mod guest;
+pub mod image;
 pub mod netns;
 pub mod packages;
 pub mod process;
