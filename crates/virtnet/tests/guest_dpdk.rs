@@ -50,8 +50,8 @@ fn linux_guest_pings_through_dpdk_vhost_backend() {
     ));
     let dir = ScratchDir::new("dpdk").expect("scratch dir");
     let socket = dir.join("vhost.sock");
-    let mut testpmd =
-        Testpmd::start_vhost(&socket, "icmpecho", Some(&dir.join("testpmd.log"))).expect("testpmd");
+    let mut testpmd = Testpmd::start_vhost(&socket, 1, "icmpecho", Some(&dir.join("testpmd.log")))
+        .expect("testpmd");
 
     let config = GuestConfig::vhost_user(&socket, SCRIPT);
     let guest = Guest::start(image, config, dir.path()).expect("start QEMU");

@@ -38,12 +38,18 @@ pub struct PortStats {
 }
 
 impl Testpmd {
-    /// Starts testpmd with a vhost-user port listening on `socket`, forwarding with `mode`
-    /// (`io`, `mac`, `icmpecho`, `rxonly`, `txonly`, ...), and waits for the socket.
+    /// Starts testpmd with a vhost-user port of `queues` queue pairs listening on `socket`,
+    /// forwarding with `mode` (`io`, `mac`, `icmpecho`, `rxonly`, `txonly`, ...), and waits
+    /// for the socket.
     ///
     /// `icmpecho` answers ARP requests and ICMP echo requests, so a guest can ping through it.
     /// Both lcores are pinned to the last CPU, leaving the first to QEMU.
-    pub fn start_vhost(socket: &Path, mode: &str, log: Option<&Path>) -> Result<Testpmd, String> {
+    pub fn start_vhost(
+        socket: &Path,
+        queues: u16,
+        mode: &str,
+        log: Option<&Path>,
+    ) -> Result<Testpmd, String> {
         super::reap_stale();
         let prefix = super::unique_name("testpmd");
         let cpu = std::thread::available_parallelism().map_or(1, |n| n.get()) - 1;
@@ -60,9 +66,10 @@ impl Testpmd {
         ]);
         cmd.args([
             "--vdev",
-            &format!("net_vhost0,iface={},queues=1", socket.display()),
+            &format!("net_vhost0,iface={},queues={queues}", socket.display()),
         ]);
         cmd.args(["--", "-i", &format!("--forward-mode={mode}")]);
+        cmd.args([format!("--rxq={queues}"), format!("--txq={queues}")]);
         let _ = std::fs::remove_file(socket);
         let mut proc = Proc::spawn("dpdk-testpmd", cmd, log, true).map_err(|e| e.to_string())?;
         if let Err(e) = wait_for_path(&mut proc, socket, Duration::from_secs(30)) {
