@@ -1,0 +1,116 @@
+//! `virtnet backend`: the vhost-user-net device, following the vhost-user spec's "Backend
+//! program conventions" (--socket-path, --fd, --print-capabilities).
+
+use std::net::TcpListener;
+use std::os::unix::net::UnixListener;
+use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+use clap::{Args, ValueEnum};
+use virtnet::backend::{self, ctl, BackendConfig, Device, IoMode};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum IoKind {
+    /// Forward to and from the TAP device given with --tap.
+    Tap,
+    /// Drop guest tx; fill guest rx with generated frames of --size bytes.
+    Null,
+    /// Loop guest tx back to guest rx.
+    Echo,
+}
+
+#[derive(Debug, Args)]
+pub struct BackendArgs {
+    /// Listen for the frontend on this unix socket path.
+    #[arg(long, conflicts_with = "fd", required_unless_present_any = ["fd", "print_capabilities"])]
+    socket_path: Option<PathBuf>,
+    /// Use this inherited, listening unix socket instead.
+    #[arg(long)]
+    fd: Option<i32>,
+    /// Print the backend's capabilities as JSON and exit.
+    #[arg(long)]
+    print_capabilities: bool,
+    /// TAP device to create or attach to (implies --io tap).
+    #[arg(long)]
+    tap: Option<String>,
+    /// Where frames go.
+    #[arg(long, value_enum)]
+    io: Option<IoKind>,
+    /// Frame size of the null generator, in bytes (Ethernet header included).
+    #[arg(long, default_value_t = 64)]
+    size: usize,
+    /// Queue pairs.
+    #[arg(long, default_value_t = 1)]
+    queues: u16,
+    #[arg(long, default_value = "52:54:00:12:34:56")]
+    mac: String,
+    #[arg(long, default_value_t = 1500)]
+    mtu: u16,
+    /// Busy-poll timeout per queue in microseconds (0 = off); `virtnet ctl` changes it live.
+    #[arg(long, default_value_t = 0)]
+    busy_poll_us: u32,
+    /// Answer each control-queue command only after this many microseconds (a slow device,
+    /// for the seed 004 experiment).
+    #[arg(long, default_value_t = 0)]
+    ctrl_delay_us: u32,
+    /// Control socket for `virtnet ctl`.
+    #[arg(long)]
+    ctl: Option<PathBuf>,
+    /// Serve Prometheus metrics at http://ADDR:PORT/metrics.
+    #[arg(long, value_name = "ADDR:PORT")]
+    metrics: Option<String>,
+}
+
+pub fn run(args: BackendArgs) -> Result<(), Box<dyn std::error::Error>> {
+    if args.print_capabilities {
+        println!("{{\n  \"type\": \"net\"\n}}");
+        return Ok(());
+    }
+    let io = match (args.io, &args.tap) {
+        (None | Some(IoKind::Tap), Some(name)) => IoMode::Tap(name.clone()),
+        (Some(IoKind::Tap), None) => return Err("--io tap needs --tap NAME".into()),
+        (Some(IoKind::Null), _) => IoMode::Null { size: args.size },
+        (Some(IoKind::Echo), _) => IoMode::Echo,
+        (None, None) => return Err("choose --tap NAME or --io null|echo".into()),
+    };
+    let mac = virtnet::net::parse_mac(&args.mac)
+        .ok_or("--mac: expected six hex bytes like 52:54:00:12:34:56")?;
+    let config = BackendConfig {
+        pairs: args.queues,
+        io,
+        mac,
+        mtu: args.mtu,
+        busy_poll_us: args.busy_poll_us,
+        ctrl_delay_us: args.ctrl_delay_us,
+    };
+    let listener = match (&args.socket_path, args.fd) {
+        (Some(path), _) => {
+            let _ = std::fs::remove_file(path);
+            UnixListener::bind(path)
+                .map_err(|e| format!("cannot listen on {}: {e}", path.display()))?
+        }
+        (None, Some(fd)) => virtnet::sys::unix_listener_from_fd(fd)?,
+        (None, None) => unreachable!("clap requires one"),
+    };
+    let device = Device::new(config).map_err(|e| format!("cannot set up the device: {e}"))?;
+    if let Some(path) = &args.ctl {
+        let _ = std::fs::remove_file(path);
+        let l = UnixListener::bind(path)
+            .map_err(|e| format!("cannot listen on {}: {e}", path.display()))?;
+        let d = device.clone();
+        std::thread::Builder::new()
+            .name("virtnet-ctl".into())
+            .spawn(move || ctl::serve_ctl(d, l))?;
+    }
+    if let Some(addr) = &args.metrics {
+        let l = TcpListener::bind(addr).map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+        let d = device.clone();
+        std::thread::Builder::new()
+            .name("virtnet-metrics".into())
+            .spawn(move || ctl::serve_metrics(d, l))?;
+    }
+    tracing::info!(pairs = args.queues, "virtnet backend ready");
+    backend::serve(device, listener, Arc::new(AtomicBool::new(false)))?;
+    Ok(())
+}

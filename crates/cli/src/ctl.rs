@@ -1,0 +1,42 @@
+//! `virtnet ctl`: talks to a running backend's control socket.
+
+use std::path::PathBuf;
+
+use clap::{Args, Subcommand};
+use virtnet::backend::ctl::{request, Request};
+
+#[derive(Debug, Args)]
+pub struct CtlArgs {
+    /// The backend's --ctl socket.
+    #[arg(long)]
+    socket: PathBuf,
+    #[command(subcommand)]
+    command: CtlCommand,
+}
+
+#[derive(Debug, Subcommand)]
+enum CtlCommand {
+    /// Print per-queue counters as JSON.
+    Stats,
+    /// Set the busy-poll timeout in microseconds (0 = off), of one queue or of all.
+    SetBusyPoll {
+        us: u32,
+        #[arg(long)]
+        queue: Option<usize>,
+    },
+}
+
+pub fn run(args: CtlArgs) -> Result<(), Box<dyn std::error::Error>> {
+    let req = match args.command {
+        CtlCommand::Stats => Request::Stats,
+        CtlCommand::SetBusyPoll { us, queue } => Request::SetBusyPoll { us, queue },
+    };
+    let answer =
+        request(&args.socket, &req).map_err(|e| format!("{}: {e}", args.socket.display()))?;
+    let v: serde_json::Value = serde_json::from_str(&answer)?;
+    if let Some(e) = v.get("error") {
+        return Err(format!("backend refused: {e}").into());
+    }
+    println!("{}", serde_json::to_string_pretty(&v)?);
+    Ok(())
+}
