@@ -33,6 +33,8 @@ pub enum FrontendError {
     Memory(#[from] vring::Error),
     #[error("eventfd: {0}")]
     EventFd(#[from] std::io::Error),
+    #[error("queue {index} was never set up")]
+    NoSuchQueue { index: usize },
     #[error("out of frontend memory: {wanted} bytes more needed")]
     OutOfMemory { wanted: u64 },
 }
@@ -64,6 +66,8 @@ impl Allocator {
 /// One virtqueue as set up with the backend.
 #[derive(Debug)]
 pub struct QueueSetup {
+    /// Its virtqueue index.
+    pub index: u16,
     pub config: QueueConfig,
     pub indirect: Option<IndirectArea>,
     /// We write it to notify the backend (kick).
@@ -107,9 +111,28 @@ impl Connection {
         mem_size: usize,
         wait: Duration,
     ) -> Result<Connection, FrontendError> {
+        let mut conn = Connection::open(path, num_queues, wanted, required, mem_size, wait)?;
+        for i in 0..num_queues {
+            conn.setup_queue(i, queue_size)?;
+        }
+        Ok(conn)
+    }
+
+    /// Like [`Connection::connect`], but sets up no queue: the caller reads the config space
+    /// first and then sets up the queues it wants with [`Connection::setup_queue`] (a control
+    /// queue sits at 2 * max_virtqueue_pairs, after every data queue the device has).
+    /// `max_queues` bounds the queue indices used later.
+    pub fn open(
+        path: &Path,
+        max_queues: u16,
+        wanted: Features,
+        required: Features,
+        mem_size: usize,
+        wait: Duration,
+    ) -> Result<Connection, FrontendError> {
         let deadline = Instant::now() + wait;
         let mut frontend = loop {
-            match Frontend::connect(path, num_queues as u64) {
+            match Frontend::connect(path, max_queues as u64) {
                 Ok(f) => break f,
                 Err(e) if Instant::now() >= deadline => {
                     return Err(FrontendError::Connect {
@@ -161,7 +184,7 @@ impl Connection {
         frontend
             .set_mem_table(&regions)
             .map_err(req("SET_MEM_TABLE"))?;
-        let mut conn = Connection {
+        let conn = Connection {
             frontend,
             features,
             protocol,
@@ -172,9 +195,6 @@ impl Connection {
             },
             queues: Vec::new(),
         };
-        for i in 0..num_queues {
-            conn.setup_queue(i as usize, queue_size)?;
-        }
         Ok(conn)
     }
 
@@ -183,7 +203,16 @@ impl Connection {
         r.user_addr + (a.0 - r.guest_addr.0)
     }
 
-    fn setup_queue(&mut self, index: usize, size: u16) -> Result<(), FrontendError> {
+    /// The queue set up at virtqueue index `index`, if any.
+    pub fn queue(&self, index: u16) -> Option<&QueueSetup> {
+        self.queues.iter().find(|q| q.index == index)
+    }
+
+    /// Sets up virtqueue `index` with `size` entries: rings carved from our memory, kick and
+    /// call eventfds. The queue runs once its rings are initialised (DriverQueue::activate)
+    /// and [`Connection::start_queue`] is called.
+    pub fn setup_queue(&mut self, index: u16, size: u16) -> Result<&QueueSetup, FrontendError> {
+        let vq = index as usize;
         let len = RingAddresses::contiguous_len(size);
         let base = self.alloc.alloc(len, 4096)?;
         let rings = RingAddresses::contiguous(base, size);
@@ -200,7 +229,7 @@ impl Connection {
         let kick = EventFd::new(libc::EFD_NONBLOCK)?;
         let call = EventFd::new(libc::EFD_NONBLOCK)?;
         let f = &mut self.frontend;
-        f.set_vring_num(index, size).map_err(req("SET_VRING_NUM"))?;
+        f.set_vring_num(vq, size).map_err(req("SET_VRING_NUM"))?;
         let data = VringConfigData {
             queue_max_size: size,
             queue_size: size,
@@ -217,23 +246,25 @@ impl Connection {
             ..data
         };
         let f = &mut self.frontend;
-        f.set_vring_addr(index, &data)
-            .map_err(req("SET_VRING_ADDR"))?;
-        f.set_vring_base(index, 0).map_err(req("SET_VRING_BASE"))?;
-        f.set_vring_call(index, &call)
-            .map_err(req("SET_VRING_CALL"))?;
+        f.set_vring_addr(vq, &data).map_err(req("SET_VRING_ADDR"))?;
+        f.set_vring_base(vq, 0).map_err(req("SET_VRING_BASE"))?;
+        f.set_vring_call(vq, &call).map_err(req("SET_VRING_CALL"))?;
         self.queues.push(QueueSetup {
+            index,
             config,
             indirect,
             kick,
             call,
         });
-        Ok(())
+        Ok(&self.queues[self.queues.len() - 1])
     }
 
     /// Starts queue `index`: the rings must be initialised (DriverQueue::activate) first.
     pub fn start_queue(&mut self, index: usize) -> Result<(), FrontendError> {
-        let kick = self.queues[index].kick.try_clone()?;
+        let setup = self
+            .queue(index as u16)
+            .ok_or(FrontendError::NoSuchQueue { index })?;
+        let kick = setup.kick.try_clone()?;
         self.frontend
             .set_vring_kick(index, &kick)
             .map_err(req("SET_VRING_KICK"))?;

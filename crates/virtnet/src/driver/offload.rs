@@ -290,7 +290,9 @@ mod tests {
         assert_eq!(h.csum_start, 38);
         for len in 0..60 {
             let mut g = vec![0xffu8; len];
-            g.get_mut(12..14).map(|s| s.copy_from_slice(&[0x08, 0x00]));
+            if let Some(t) = g.get_mut(12..14) {
+                t.copy_from_slice(&[0x08, 0x00]);
+            }
             let _ = prepare(&mut g, off, Some(10));
         }
     }

@@ -17,7 +17,7 @@ use vring::{Buf, DriverQueue, Features, GuestAddress, GuestMemory};
 use super::counters::QueueCounters;
 use super::dim::RxDim;
 use super::{ring_error, BufPool, DriverError};
-use crate::frontend::{Allocator, QueueSetup};
+use crate::frontend::{Allocator, FrontendError, QueueSetup};
 use crate::net::{self, NetHdr};
 
 /// The largest frame a big buffer must hold: a 64 KiB IP datagram behind Ethernet and VLAN.
@@ -144,8 +144,8 @@ impl RxQueue {
             pool,
             layout,
             mem: mem.clone(),
-            kick: setup.kick.try_clone()?,
-            call: setup.call.try_clone()?,
+            kick: setup.kick.try_clone().map_err(FrontendError::from)?,
+            call: setup.call.try_clone().map_err(FrontendError::from)?,
             hdr_len,
             scratch: Vec::with_capacity(descs),
             frame: Vec::with_capacity(2048),
@@ -180,7 +180,11 @@ impl RxQueue {
     pub fn refill(&mut self) -> Result<(), DriverError> {
         let mut added = false;
         let descs = self.layout.descs();
-        let needed = if self.q.uses_indirect(descs) { 1 } else { descs };
+        let needed = if self.q.uses_indirect(descs) {
+            1
+        } else {
+            descs
+        };
         while self.q.num_free() as usize >= needed {
             let Some(slot) = self.pool.free.pop() else {
                 break;

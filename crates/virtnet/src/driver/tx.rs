@@ -15,7 +15,7 @@ use vring::{Buf, DriverQueue, GuestAddress, GuestMemory};
 use super::counters::QueueCounters;
 use super::offload::{self, TxOffloads};
 use super::{ring_error, BufPool, DriverError};
-use crate::frontend::{Allocator, QueueSetup};
+use crate::frontend::{Allocator, FrontendError, QueueSetup};
 use crate::net::{self, NetHdr, HDR_F_NEEDS_CSUM, HDR_GSO_NONE};
 
 /// Descriptors a worst-case packet needs: Linux's `2 + MAX_SKB_FRAGS`.
@@ -71,8 +71,8 @@ impl TxQueue {
             q,
             pool,
             mem: mem.clone(),
-            kick: setup.kick.try_clone()?,
-            call: setup.call.try_clone()?,
+            kick: setup.kick.try_clone().map_err(FrontendError::from)?,
+            call: setup.call.try_clone().map_err(FrontendError::from)?,
             hdr_len: net::hdr_len(features),
             offloads: TxOffloads::from_features(features),
             reclaim_below: (size / 2).max(TX_WORST_CASE_DESCS.min(size)),
@@ -188,7 +188,11 @@ impl TxQueue {
 
     /// Like [`TxQueue::send`], with the header built from the negotiated offloads (checksum,
     /// and TSO with segments of `mss` bytes); the frame's checksum field is prepared for it.
-    pub fn send_offloaded(&mut self, frame: &mut [u8], mss: Option<u16>) -> Result<bool, DriverError> {
+    pub fn send_offloaded(
+        &mut self,
+        frame: &mut [u8],
+        mss: Option<u16>,
+    ) -> Result<bool, DriverError> {
         let hdr = offload::prepare(frame, self.offloads, mss);
         self.send(frame, hdr)
     }

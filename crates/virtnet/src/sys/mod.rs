@@ -118,3 +118,27 @@ pub fn thread_cpu_ns() -> u64 {
     }
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
+
+/// Waits up to `timeout_ms` (negative: forever) for any of `fds` (at most 32) to become
+/// readable. Returns a bit mask: bit `i` set when `fds[i]` is readable; 0 on timeout.
+pub fn poll_readable(fds: &[RawFd], timeout_ms: i32) -> u32 {
+    let mut p = [libc::pollfd {
+        fd: -1,
+        events: libc::POLLIN,
+        revents: 0,
+    }; 32];
+    let n = fds.len().min(32);
+    for (slot, &fd) in p.iter_mut().zip(&fds[..n]) {
+        slot.fd = fd;
+    }
+    // SAFETY: `p` holds `n` valid pollfds for the duration of the call.
+    let r = unsafe { libc::poll(p.as_mut_ptr(), n as libc::nfds_t, timeout_ms) };
+    if r <= 0 {
+        return 0;
+    }
+    p[..n]
+        .iter()
+        .enumerate()
+        .filter(|(_, q)| q.revents & libc::POLLIN != 0)
+        .fold(0, |m, (i, _)| m | 1 << i)
+}
