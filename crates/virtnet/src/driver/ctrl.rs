@@ -104,6 +104,8 @@ pub struct CtrlCounters {
     pub space_waits: AtomicU64,
     /// Polling mode: used-ring checks made while spinning.
     pub poll_spins: AtomicU64,
+    /// The most commands in flight at once.
+    pub max_in_flight: AtomicU64,
 }
 
 /// A point-in-time copy of [`CtrlCounters`].
@@ -119,6 +121,7 @@ pub struct CtrlSnapshot {
     pub interrupts: u64,
     pub space_waits: u64,
     pub poll_spins: u64,
+    pub max_in_flight: u64,
 }
 
 impl CtrlCounters {
@@ -137,6 +140,7 @@ impl CtrlCounters {
             interrupts: self.interrupts.load(Relaxed),
             space_waits: self.space_waits.load(Relaxed),
             poll_spins: self.poll_spins.load(Relaxed),
+            max_in_flight: self.max_in_flight.load(Relaxed),
         }
     }
 }
@@ -562,6 +566,8 @@ impl Shared {
             done: done.clone(),
         });
         CtrlCounters::bump(&self.counters.submitted);
+        let in_flight = (ring.inflight.len() - ring.free.len()) as u64;
+        self.counters.max_in_flight.fetch_max(in_flight, Relaxed);
         let kick = ring.q.kick_prepare();
         drop(ring);
         if kick {

@@ -28,7 +28,7 @@ use vring::{ErrorKind, GuestAddress};
 use crate::frontend::{Allocator, FrontendError};
 pub use counters::{CountersSnapshot, QueueCounters};
 pub use ctrl::{CtrlError, CtrlMode, CtrlQueue, Reply};
-pub use net::{DriverConfig, NetDriver, QueuePair};
+pub use net::{DriverConfig, NetDriver, QueuePair, CTRL_FEATURES, DEFAULT_FEATURES};
 pub use rx::{RxLayout, RxQueue};
 pub use tx::{TxQueue, TX_RECLAIM_BUDGET, TX_WORST_CASE_DESCS};
 
