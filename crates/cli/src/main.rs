@@ -1,1 +1,154 @@
-fn main() {}
+//! `virtnet`: the virtio-net data plane's command line.
+//!
+//! - `virtnet bench`: the measurement experiments of the `bench` crate, as tables (or, with
+//!   `--json`, one JSON document);
+//! - `virtnet backend`: the vhost-user-net device ([`backend`]);
+//! - `virtnet ctl`: a running backend's control socket ([`ctl`]).
+
+#![forbid(unsafe_code)]
+
+use std::io::{IsTerminal, Write};
+use std::process::ExitCode;
+use std::time::Instant;
+
+mod backend;
+mod ctl;
+
+use bench::experiments::{self, ExperimentReport, Options, Report};
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "virtnet",
+    version,
+    about = "virtio-net data plane: backend, driver, benchmarks"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the measurements: the ring engine now, one experiment per seed technique later.
+    Bench(BenchArgs),
+    /// Serve a vhost-user-net device to QEMU, DPDK virtio-user or our driver.
+    Backend(backend::BackendArgs),
+    /// Query or tune a running backend through its control socket.
+    Ctl(ctl::CtlArgs),
+}
+
+#[derive(Debug, Args)]
+struct BenchArgs {
+    /// A few seconds in all, for CI: short runs, so counts are meaningful but times are rough.
+    #[arg(long)]
+    quick: bool,
+    /// Print one JSON document on stdout instead of tables.
+    #[arg(long)]
+    json: bool,
+    /// Run only these experiments, by number (see --list), e.g. `--only 0,2`.
+    #[arg(long, value_delimiter = ',', value_name = "N,M")]
+    only: Vec<u32>,
+    /// Repeats of each measurement (interleaved); medians are reported.
+    #[arg(long, value_name = "N")]
+    repeats: Option<u32>,
+    /// List the experiments and exit.
+    #[arg(long)]
+    list: bool,
+}
+
+/// Logs go to stderr; RUST_LOG overrides the default level (info).
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+fn report(what: &str, r: Result<(), Box<dyn std::error::Error>>) -> ExitCode {
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("virtnet {what}: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging();
+    match cli.command {
+        Command::Bench(args) => match bench_command(&args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("virtnet bench: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        Command::Backend(args) => report("backend", backend::run(args)),
+        Command::Ctl(args) => report("ctl", ctl::run(args)),
+    }
+}
+
+fn bench_command(args: &BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
+    if args.list {
+        for e in experiments::ALL {
+            println!("{:>2}  {:<8} {}", e.id, e.name, e.summary);
+        }
+        return Ok(());
+    }
+    let selected = experiments::select(&args.only)?;
+    let options = Options {
+        quick: args.quick,
+        repeats: args.repeats,
+    };
+    // Progress goes to stderr, and only to a terminal: it must never mix with the output.
+    let show_progress = std::io::stderr().is_terminal();
+    let started = Instant::now();
+    let mut reports = Vec::new();
+    let mut stdout = std::io::stdout().lock();
+    for e in selected {
+        let mut progress = |msg: &str| {
+            if show_progress {
+                eprint!("\r\x1b[2K{} {}: {msg}", e.id, e.name);
+                let _ = std::io::stderr().flush();
+            }
+        };
+        let outcome = (e.run)(&options, &mut progress)?;
+        if show_progress {
+            eprint!("\r\x1b[2K");
+        }
+        if !args.json {
+            writeln!(stdout, "== {} {}: {}\n", e.id, e.name, e.summary)?;
+            for t in &outcome.tables {
+                writeln!(stdout, "{t}")?;
+            }
+        }
+        reports.push(ExperimentReport {
+            id: e.id,
+            name: e.name,
+            results: outcome.json,
+        });
+    }
+    if args.json {
+        let report = Report {
+            tool: "virtnet bench",
+            version: env!("CARGO_PKG_VERSION"),
+            quick: args.quick,
+            experiments: reports,
+        };
+        serde_json::to_writer_pretty(&mut stdout, &report)?;
+        writeln!(stdout)?;
+    } else {
+        writeln!(
+            stdout,
+            "Done in {:.1} s. Figures from a shared 2-vCPU machine vary from run to run; \
+             see docs/PERFORMANCE.md.",
+            started.elapsed().as_secs_f64()
+        )?;
+    }
+    Ok(())
+}

@@ -1,0 +1,424 @@
+//! Two-thread ping-pong: a driver thread adds 1-descriptor chains, a device thread pops them
+//! and returns them used, the driver reclaims them. The threads are pinned to two CPUs.
+//!
+//! Two ways of waiting:
+//! - [`Mode::Poll`]: both sides spin, notifications disabled, with a used batch of 1..64. The
+//!   driver asks for a kick decision once per burst of adds, as a polling driver would.
+//! - [`Mode::Sleep`]: both sides sleep on eventfds (kick, call) when they run out of work, with
+//!   event idx on or off. Done as Linux and vhost do it: notifications are disabled while
+//!   working, and enabled, then the ring re-checked, before blocking. The driver asks for a kick
+//!   decision after every add, like tools/virtio/virtio_test, so suppression shows in the counts.
+
+use std::hint::spin_loop;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::Barrier;
+use std::time::Instant;
+
+use serde::Serialize;
+use vring::{DriverQueue, Features};
+
+use super::{ChainBufs, ChainShape, DeviceCounts, RingDevice, RingMemory};
+use crate::notify::Notifier;
+use crate::{pin, BenchError};
+
+/// How both sides wait for work.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "mode", rename_all = "snake_case")]
+pub enum Mode {
+    /// Busy polling on both sides, event idx negotiated, `used_batch` used entries per
+    /// `used.idx` store.
+    Poll { used_batch: u16 },
+    /// Sleeping on eventfds when out of work.
+    Sleep { event_idx: bool },
+}
+
+impl Mode {
+    /// The features the ring negotiates in this mode.
+    pub fn features(self) -> Features {
+        match self {
+            Mode::Poll { .. } | Mode::Sleep { event_idx: true } => Features::RING_EVENT_IDX,
+            Mode::Sleep { event_idx: false } => Features::EMPTY,
+        }
+    }
+
+    /// A short label for tables.
+    pub fn label(self) -> String {
+        match self {
+            Mode::Poll { used_batch } => format!("poll, used batch {used_batch}"),
+            Mode::Sleep { event_idx: true } => "sleep, event idx".into(),
+            Mode::Sleep { event_idx: false } => "sleep, flags (no event idx)".into(),
+        }
+    }
+}
+
+/// One ping-pong run.
+#[derive(Clone, Copy, Debug)]
+pub struct Config {
+    pub mode: Mode,
+    /// Chains to complete.
+    pub ops: u64,
+    /// CPUs for the driver and device threads.
+    pub driver_cpu: usize,
+    pub device_cpu: usize,
+}
+
+impl Config {
+    pub fn new(mode: Mode, ops: u64) -> Config {
+        Config {
+            mode,
+            ops,
+            driver_cpu: 0,
+            device_cpu: 1,
+        }
+    }
+}
+
+/// The driver side's counts.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct DriverCounts {
+    pub added: u64,
+    pub used: u64,
+    /// `kick_prepare` answered "kick".
+    pub kicks: u64,
+    pub kicks_suppressed: u64,
+    /// Kick eventfd writes: must equal `kicks`.
+    pub kick_writes: u64,
+    /// Times the driver slept on the call eventfd, and those that found nothing to reclaim.
+    pub sleeps: u64,
+    pub spurious_wakeups: u64,
+    /// `enable_cb` calls whose re-check found used entries (a sleep avoided).
+    pub enable_rechecks_hit: u64,
+}
+
+/// The device side's counts, beyond the engine's own.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct DeviceSideCounts {
+    #[serde(flatten)]
+    pub engine: DeviceCounts,
+    /// Call eventfd writes: must equal `engine.notifications`.
+    pub call_writes: u64,
+    /// Times the device slept on the kick eventfd, and those that found nothing to pop.
+    pub sleeps: u64,
+    pub spurious_wakeups: u64,
+}
+
+/// What one run measured.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct Run {
+    pub mode: Mode,
+    pub engine: &'static str,
+    pub ops: u64,
+    pub secs: f64,
+    /// Whether both threads were pinned to their CPUs.
+    pub pinned: bool,
+    pub driver: DriverCounts,
+    pub device: DeviceSideCounts,
+}
+
+impl Run {
+    /// Millions of chains completed per second.
+    pub fn mops(&self) -> f64 {
+        self.ops as f64 / self.secs / 1e6
+    }
+    pub fn kicks_per_op(&self) -> f64 {
+        self.driver.kicks as f64 / self.ops as f64
+    }
+    pub fn interrupts_per_op(&self) -> f64 {
+        self.device.engine.notifications as f64 / self.ops as f64
+    }
+    pub fn used_idx_stores_per_op(&self) -> f64 {
+        self.device.engine.used_idx_stores as f64 / self.ops as f64
+    }
+
+    /// Checks that the counts agree with each other; a run that fails this measured nothing.
+    fn check(&self) -> Result<(), BenchError> {
+        let d = &self.driver;
+        let e = &self.device.engine;
+        let ok = d.added == self.ops
+            && d.used == self.ops
+            && e.popped == self.ops
+            && e.used == self.ops
+            && d.kick_writes == d.kicks
+            && self.device.call_writes == e.notifications;
+        if ok {
+            Ok(())
+        } else {
+            Err(BenchError::Inconsistent(format!("{self:?}")))
+        }
+    }
+}
+
+/// Runs `cfg` with our driver on `ring` and `device` on the device side.
+pub fn run<D: RingDevice + Send>(
+    ring: &RingMemory,
+    mut device: D,
+    cfg: &Config,
+) -> Result<Run, BenchError> {
+    let mut driver = ring.driver()?;
+    if let Mode::Poll { used_batch } = cfg.mode {
+        device.set_used_batch(used_batch);
+    }
+    let kick = Notifier::new("device")?;
+    let call = Notifier::new("driver")?;
+    let abort = AtomicBool::new(false);
+    let start = Barrier::new(2);
+    let bufs = ChainBufs::new(ChainShape::ONE);
+    let sides = Sides {
+        kick: &kick,
+        call: &call,
+        abort: &abort,
+        ops: cfg.ops,
+    };
+
+    std::thread::scope(|s| {
+        let device_thread = s.spawn(|| {
+            let pinned = pin::to_cpu(cfg.device_cpu);
+            start.wait();
+            let r = match cfg.mode {
+                Mode::Poll { .. } => sides.device_poll(&mut device),
+                Mode::Sleep { .. } => sides.device_sleep(&mut device),
+            };
+            if r.is_err() {
+                abort.store(true, Relaxed);
+            }
+            r.map(|counts| (counts, pinned))
+        });
+        // The driver gets a thread of its own too: pinning must not stick to the caller.
+        let driver_thread = s.spawn(|| {
+            let pinned = pin::to_cpu(cfg.driver_cpu);
+            start.wait();
+            let t0 = Instant::now();
+            let r = match cfg.mode {
+                Mode::Poll { .. } => sides.driver_poll(&mut driver, &bufs),
+                Mode::Sleep { .. } => sides.driver_sleep(&mut driver, &bufs),
+            };
+            let secs = t0.elapsed().as_secs_f64();
+            if r.is_err() {
+                abort.store(true, Relaxed);
+            }
+            r.map(|counts| (counts, pinned, secs))
+        });
+        let drv = driver_thread
+            .join()
+            .map_err(|_| BenchError::Inconsistent("the driver thread panicked".into()))?;
+        let dev = device_thread
+            .join()
+            .map_err(|_| BenchError::Inconsistent("the device thread panicked".into()))?;
+        // Report the first real failure, not the other side's reaction to it.
+        let ((drv_counts, pinned, secs), (dev_counts, dev_pinned)) = match (drv, dev) {
+            (Ok(a), Ok(b)) => (a, b),
+            (Err(BenchError::PeerFailed), Err(e)) | (Err(e), _) | (_, Err(e)) => return Err(e),
+        };
+        let run = Run {
+            mode: cfg.mode,
+            engine: D::NAME,
+            ops: cfg.ops,
+            secs,
+            pinned: pinned && dev_pinned,
+            driver: drv_counts,
+            device: dev_counts,
+        };
+        run.check()?;
+        Ok(run)
+    })
+}
+
+/// What both threads share.
+#[derive(Clone, Copy)]
+struct Sides<'a> {
+    kick: &'a Notifier,
+    call: &'a Notifier,
+    abort: &'a AtomicBool,
+    ops: u64,
+}
+
+impl Sides<'_> {
+    fn driver_counts(driver: &DriverQueue<u32>, mut c: DriverCounts) -> DriverCounts {
+        let s = driver.stats();
+        c.added = s.added;
+        c.used = s.used;
+        c.kicks = s.kicks;
+        c.kicks_suppressed = s.kicks_suppressed;
+        c.enable_rechecks_hit = s.enable_rechecks_hit;
+        c
+    }
+
+    /// Reclaims every used chain; returns how many.
+    #[inline]
+    fn reclaim(driver: &mut DriverQueue<u32>) -> Result<u64, BenchError> {
+        let mut n = 0;
+        while driver.get_used()?.is_some() {
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    fn driver_poll(
+        &self,
+        driver: &mut DriverQueue<u32>,
+        bufs: &ChainBufs,
+    ) -> Result<DriverCounts, BenchError> {
+        let mut c = DriverCounts::default();
+        driver.disable_cb();
+        let (mut sent, mut done) = (0u64, 0u64);
+        while done < self.ops {
+            let got = Self::reclaim(driver)?;
+            done += got;
+            while sent < self.ops && bufs.add(driver, sent as u32)? {
+                sent += 1;
+            }
+            // One kick decision per burst: the device polls, so it should say no.
+            if driver.kick_prepare() {
+                self.kick.notify()?;
+                c.kick_writes += 1;
+            }
+            if got == 0 {
+                if self.abort.load(Relaxed) {
+                    return Err(BenchError::PeerFailed);
+                }
+                spin_loop();
+            }
+        }
+        Ok(Self::driver_counts(driver, c))
+    }
+
+    fn driver_sleep(
+        &self,
+        driver: &mut DriverQueue<u32>,
+        bufs: &ChainBufs,
+    ) -> Result<DriverCounts, BenchError> {
+        let mut c = DriverCounts::default();
+        driver.disable_cb();
+        let (mut sent, mut done) = (0u64, 0u64);
+        let mut woke = false;
+        loop {
+            let got = Self::reclaim(driver)?;
+            done += got;
+            if woke && got == 0 {
+                c.spurious_wakeups += 1;
+            }
+            woke = false;
+            let mut added = 0;
+            while sent < self.ops && bufs.add(driver, sent as u32)? {
+                sent += 1;
+                added += 1;
+                if driver.kick_prepare() {
+                    self.kick.notify()?;
+                    c.kick_writes += 1;
+                }
+            }
+            if done >= self.ops {
+                break;
+            }
+            if got + added > 0 {
+                continue;
+            }
+            // Out of work: ask for a call, re-check, and only then sleep.
+            if driver.enable_cb() {
+                driver.disable_cb();
+                continue;
+            }
+            self.call.wait(self.abort)?;
+            c.sleeps += 1;
+            woke = true;
+            driver.disable_cb();
+        }
+        Ok(Self::driver_counts(driver, c))
+    }
+
+    /// Pops everything available and returns it used; returns how many chains.
+    #[inline]
+    fn drain<D: RingDevice>(device: &mut D) -> Result<u64, BenchError> {
+        let mut n = 0;
+        while let Some(p) = device.pop()? {
+            device.add_used(p.head, p.writable)?;
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    fn device_poll<D: RingDevice>(&self, device: &mut D) -> Result<DeviceSideCounts, BenchError> {
+        let mut c = DeviceSideCounts::default();
+        device.disable_notification()?;
+        let mut done = 0u64;
+        while done < self.ops {
+            let n = Self::drain(device)?;
+            if n == 0 {
+                if self.abort.load(Relaxed) {
+                    return Err(BenchError::PeerFailed);
+                }
+                spin_loop();
+                continue;
+            }
+            done += n;
+            // Publish before polling again; the driver polls too, so it should say no.
+            if device.needs_notification()? {
+                self.call.notify()?;
+                c.call_writes += 1;
+            }
+        }
+        c.engine = device.counts();
+        Ok(c)
+    }
+
+    fn device_sleep<D: RingDevice>(&self, device: &mut D) -> Result<DeviceSideCounts, BenchError> {
+        let mut c = DeviceSideCounts::default();
+        let mut done = 0u64;
+        let mut woke = false;
+        loop {
+            device.disable_notification()?;
+            let n = Self::drain(device)?;
+            done += n;
+            if woke && n == 0 {
+                c.spurious_wakeups += 1;
+            }
+            woke = false;
+            if n > 0 && device.needs_notification()? {
+                self.call.notify()?;
+                c.call_writes += 1;
+            }
+            if done >= self.ops {
+                break;
+            }
+            if n > 0 {
+                continue;
+            }
+            // Out of work: ask for a kick, re-check, and only then sleep.
+            if device.enable_notification()? {
+                continue;
+            }
+            self.kick.wait(self.abort)?;
+            c.sleeps += 1;
+            woke = true;
+        }
+        c.engine = device.counts();
+        Ok(c)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run_mode(mode: Mode) -> Run {
+        let ring = RingMemory::new(mode.features()).unwrap();
+        let device = ring.vring_device().unwrap();
+        run(&ring, device, &Config::new(mode, 20_000)).unwrap()
+    }
+
+    #[test]
+    fn every_mode_completes_with_consistent_counts() {
+        for mode in [
+            Mode::Poll { used_batch: 1 },
+            Mode::Poll { used_batch: 64 },
+            Mode::Sleep { event_idx: true },
+            Mode::Sleep { event_idx: false },
+        ] {
+            let r = run_mode(mode);
+            assert_eq!(r.driver.used, 20_000, "{mode:?}");
+            if let Mode::Poll { used_batch: 1 } = mode {
+                assert_eq!(r.device.engine.used_idx_stores, 20_000);
+            }
+        }
+    }
+}
