@@ -3,6 +3,7 @@
 //! - [`net`]: the net header, config space and features shared by both halves.
 //! - [`backend`]: the device half, `virtnet backend`.
 //! - [`frontend`]: the driver half's vhost-user transport; [`driver`]: its data path.
+//! - [`gen`]: `virtnet gen`, the traffic generator on the driver.
 //! - [`sys`]: the OS interfaces (TAP, syscalls): the crate's only `unsafe`.
 
 #![deny(unsafe_code)]
@@ -10,6 +11,7 @@
 pub mod backend;
 pub mod driver;
 pub mod frontend;
+pub mod gen;
 pub mod net;
 #[allow(unsafe_code)]
 pub mod sys;
