@@ -3,7 +3,8 @@
 //! - `virtnet bench`: the measurement experiments of the `bench` crate, as tables (or, with
 //!   `--json`, one JSON document);
 //! - `virtnet backend`: the vhost-user-net device ([`backend`]);
-//! - `virtnet ctl`: a running backend's control socket ([`ctl`]).
+//! - `virtnet ctl`: a running backend's control socket ([`ctl`]);
+//! - `virtnet gen`: traffic from our driver against any vhost-user-net backend ([`gen`]).
 
 #![forbid(unsafe_code)]
 
@@ -13,6 +14,7 @@ use std::time::Instant;
 
 mod backend;
 mod ctl;
+mod gen;
 
 use bench::experiments::{self, ExperimentReport, Options, Report};
 use clap::{Args, Parser, Subcommand};
@@ -36,6 +38,8 @@ enum Command {
     Backend(backend::BackendArgs),
     /// Query or tune a running backend through its control socket.
     Ctl(ctl::CtlArgs),
+    /// Generate traffic with our driver against a vhost-user-net backend and report rates.
+    Gen(gen::GenArgs),
 }
 
 #[derive(Debug, Args)]
@@ -90,6 +94,7 @@ fn main() -> ExitCode {
         },
         Command::Backend(args) => report("backend", backend::run(args)),
         Command::Ctl(args) => report("ctl", ctl::run(args)),
+        Command::Gen(args) => report("gen", gen::run(args)),
     }
 }
 

@@ -53,6 +53,7 @@ pub struct GenConfig {
     /// Frame size in bytes (Ethernet header included, no FCS), as DPDK's --txpkts.
     pub size: usize,
     pub queues: u16,
+    #[serde(serialize_with = "as_secs")]
     pub duration: Duration,
     /// Spin on the rings instead of sleeping on the call eventfds.
     pub busy_poll: bool,
@@ -62,7 +63,12 @@ pub struct GenConfig {
     /// Frames per transmit burst (one kick decision per burst).
     pub burst: usize,
     /// How long to keep retrying the connection.
+    #[serde(serialize_with = "as_secs")]
     pub connect_wait: Duration,
+}
+
+fn as_secs<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_f64(d.as_secs_f64())
 }
 
 impl Default for GenConfig {

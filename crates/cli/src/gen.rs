@@ -1,0 +1,90 @@
+//! `virtnet gen`: the traffic generator on our driver ([`virtnet::gen`]), against any
+//! vhost-user-net backend.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+use virtnet::driver::CtrlMode;
+use virtnet::gen::{self, GenConfig, Mode};
+
+#[derive(Debug, Args)]
+pub struct GenArgs {
+    /// The backend's vhost-user socket.
+    #[arg(long)]
+    socket: PathBuf,
+    /// txonly, rxonly, io (both at once) or rr (round trips through an echoing backend).
+    #[arg(long, default_value = "txonly")]
+    mode: Mode,
+    /// Frame size in bytes, Ethernet header included (no FCS).
+    #[arg(long, default_value_t = 64)]
+    size: usize,
+    /// Queue pairs, one thread each (more than one needs MQ and the control queue).
+    #[arg(long, default_value_t = 1)]
+    queues: u16,
+    /// Seconds to run.
+    #[arg(long, default_value_t = 10.0)]
+    duration: f64,
+    /// Spin on the rings instead of sleeping on the call eventfds.
+    #[arg(long)]
+    busy_poll: bool,
+    /// How control commands wait for their answer: irq (sleep) or poll (spin).
+    #[arg(long, default_value = "irq")]
+    ctrl: CtrlMode,
+    /// Dynamic interrupt moderation of the rx queues through VQ_NOTF_COAL.
+    #[arg(long, default_value = "off", value_parser = ["on", "off"])]
+    dim: String,
+    /// Print the report as one JSON document on stdout (rate lines go to stderr).
+    #[arg(long)]
+    json: bool,
+    /// Entries per virtqueue.
+    #[arg(long, default_value_t = 256)]
+    queue_size: u16,
+    /// Frames per transmit burst.
+    #[arg(long, default_value_t = 32)]
+    burst: usize,
+    /// Seconds to keep retrying the connection.
+    #[arg(long, default_value_t = 2.0)]
+    connect_wait: f64,
+}
+
+fn seconds(s: f64, what: &str) -> Result<Duration, String> {
+    Duration::try_from_secs_f64(s).map_err(|_| format!("--{what} {s} is not a duration"))
+}
+
+pub fn run(args: GenArgs) -> Result<(), Box<dyn std::error::Error>> {
+    let config = GenConfig {
+        socket: args.socket,
+        mode: args.mode,
+        size: args.size,
+        queues: args.queues,
+        duration: seconds(args.duration, "duration")?,
+        busy_poll: args.busy_poll,
+        ctrl: args.ctrl,
+        dim: args.dim == "on",
+        queue_size: args.queue_size,
+        burst: args.burst.max(1),
+        connect_wait: seconds(args.connect_wait, "connect-wait")?,
+    };
+    let json = args.json;
+    // Rate lines are the progress: on stdout, or on stderr when stdout carries the JSON.
+    let mut on_second = |r: &gen::Rates| {
+        let line = r.render();
+        if json {
+            eprintln!("{line}");
+        } else {
+            println!("{line}");
+            let _ = std::io::stdout().flush();
+        }
+    };
+    let report = gen::run(&config, &mut on_second)?;
+    let mut out = std::io::stdout().lock();
+    if json {
+        serde_json::to_writer_pretty(&mut out, &report)?;
+        writeln!(out)?;
+    } else {
+        write!(out, "{}", report.render())?;
+    }
+    Ok(())
+}
