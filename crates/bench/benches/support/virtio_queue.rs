@@ -126,6 +126,10 @@ impl RingDevice for VqDevice {
     /// virtio-queue has no used batch: it publishes used.idx in every `add_used`.
     fn set_used_batch(&mut self, _batch: u16) {}
 
+    fn used_batch(&self) -> Option<u16> {
+        None
+    }
+
     fn counts(&self) -> DeviceCounts {
         self.counts
     }

@@ -110,6 +110,7 @@ impl RingMemory {
         Ok(VringDevice {
             queue,
             chain: Chain::new(),
+            batch: vring::DEFAULT_USED_BATCH.min(QUEUE_SIZE),
         })
     }
 }
@@ -154,6 +155,9 @@ pub trait RingDevice {
     fn disable_notification(&mut self) -> Result<(), BenchError>;
     /// Used entries per `used.idx` store, where the engine has the knob.
     fn set_used_batch(&mut self, batch: u16);
+    /// Used entries per `used.idx` store, if the engine batches them; `None` if it publishes
+    /// as it goes (then a device decides on a notification once per drain of the ring).
+    fn used_batch(&self) -> Option<u16>;
     fn counts(&self) -> DeviceCounts;
 }
 
@@ -162,6 +166,7 @@ pub trait RingDevice {
 pub struct VringDevice {
     queue: DeviceQueue,
     chain: Chain,
+    batch: u16,
 }
 
 impl RingDevice for VringDevice {
@@ -203,7 +208,12 @@ impl RingDevice for VringDevice {
     }
 
     fn set_used_batch(&mut self, batch: u16) {
-        self.queue.set_used_batch(batch);
+        self.batch = batch.clamp(1, QUEUE_SIZE);
+        self.queue.set_used_batch(self.batch);
+    }
+
+    fn used_batch(&self) -> Option<u16> {
+        Some(self.batch)
     }
 
     fn counts(&self) -> DeviceCounts {
