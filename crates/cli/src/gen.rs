@@ -44,6 +44,9 @@ pub struct GenArgs {
     /// Frames per transmit burst.
     #[arg(long, default_value_t = 32)]
     burst: usize,
+    /// Publish the tx avail index once per burst instead of per frame (for polling devices).
+    #[arg(long)]
+    avail_per_burst: bool,
     /// Seconds to keep retrying the connection.
     #[arg(long, default_value_t = 2.0)]
     connect_wait: f64,
@@ -65,6 +68,7 @@ pub fn run(args: GenArgs) -> Result<(), Box<dyn std::error::Error>> {
         dim: args.dim == "on",
         queue_size: args.queue_size,
         burst: args.burst.max(1),
+        avail_per_burst: args.avail_per_burst,
         connect_wait: seconds(args.connect_wait, "connect-wait")?,
     };
     let json = args.json;

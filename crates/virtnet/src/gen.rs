@@ -62,6 +62,8 @@ pub struct GenConfig {
     pub queue_size: u16,
     /// Frames per transmit burst (one kick decision per burst).
     pub burst: usize,
+    /// Publish the tx avail index once per burst rather than per frame.
+    pub avail_per_burst: bool,
     /// How long to keep retrying the connection.
     #[serde(serialize_with = "as_secs")]
     pub connect_wait: Duration,
@@ -84,6 +86,7 @@ impl Default for GenConfig {
             dim: false,
             queue_size: 256,
             burst: 32,
+            avail_per_burst: false,
             connect_wait: Duration::from_secs(2),
         }
     }
@@ -484,6 +487,16 @@ fn worker(
 ) -> Result<WorkerResult, DriverError> {
     let mut histogram = Histogram::default();
     let mut lost = 0;
+    p.tx.set_avail_per_burst(cfg.avail_per_burst);
+    p.tx.set_busy_poll(cfg.busy_poll);
+    let busy = cfg.busy_poll;
+    let rx_poll = move |rx: &mut crate::driver::RxQueue, budget: usize| {
+        if busy {
+            rx.poll_busy(budget, |_| {})
+        } else {
+            rx.poll(budget, |_| {})
+        }
+    };
     let frame = udp4_frame(cfg.size, dst, src, &[]);
     match cfg.mode {
         Mode::TxOnly => {
@@ -496,7 +509,7 @@ fn worker(
         }
         Mode::RxOnly => {
             while !stop.load(Relaxed) {
-                let n = p.rx.poll(256, |_| {})?;
+                let n = rx_poll(&mut p.rx, 256)?;
                 if n < 256 && !cfg.busy_poll {
                     p.rx.wait(IDLE_WAIT_MS);
                 }
@@ -506,7 +519,7 @@ fn worker(
             use std::os::fd::AsRawFd;
             while !stop.load(Relaxed) {
                 let sent = transmit_burst(&mut p, &frame, cfg.burst)?;
-                let got = p.rx.poll(256, |_| {})?;
+                let got = rx_poll(&mut p.rx, 256)?;
                 if sent == 0 && got < 256 && !cfg.busy_poll {
                     let fds = [p.rx.call_fd().as_raw_fd(), p.tx.call_fd().as_raw_fd()];
                     let ready = crate::sys::poll_readable(&fds, IDLE_WAIT_MS);
@@ -560,8 +573,12 @@ fn worker(
     if cfg.mode != Mode::TxOnly {
         let idle_until = Instant::now() + Duration::from_millis(20);
         while Instant::now() < idle_until {
-            if p.rx.poll(256, |_| {})? == 0 {
-                p.rx.wait(2);
+            if rx_poll(&mut p.rx, 256)? == 0 {
+                if busy {
+                    std::thread::sleep(Duration::from_millis(1));
+                } else {
+                    p.rx.wait(2);
+                }
             }
         }
     }

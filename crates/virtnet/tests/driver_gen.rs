@@ -50,6 +50,29 @@ fn txonly_and_rxonly_against_the_null_backend() {
         "{got} of {delivered}"
     );
     assert!(got > 1000);
+    std::thread::sleep(Duration::from_millis(50));
+
+    // Busy polling, and the avail index published once per burst: same agreement.
+    for mode in [Mode::TxOnly, Mode::RxOnly] {
+        let mut cfg = config(&b, mode);
+        cfg.busy_poll = true;
+        cfg.avail_per_burst = true;
+        let before = b.device.reports()[1].counters.packets;
+        let r = gen::run(&cfg, &mut |_| {}).unwrap();
+        let p = &r.per_pair[0];
+        if mode == Mode::TxOnly {
+            assert!(p.tx.packets > 1000);
+            assert_eq!(
+                b.device.reports()[1].counters.packets - before,
+                p.tx.packets
+            );
+            assert_eq!(p.tx.interrupts, 0, "busy polling takes no interrupt");
+        } else {
+            assert!(p.rx.packets > 1000);
+            assert_eq!(p.rx.interrupts, 0, "busy polling takes no interrupt");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 #[test]

@@ -338,6 +338,39 @@ impl RxQueue {
         result
     }
 
+    /// Busy-polling receive: up to `budget` frames handed to `f`, then refill. Callbacks stay
+    /// off (the caller never sleeps), so nothing is written to the ring for them.
+    pub fn poll_busy(
+        &mut self,
+        budget: usize,
+        mut f: impl FnMut(&[u8]),
+    ) -> Result<usize, DriverError> {
+        self.q.disable_cb();
+        let mut frame = std::mem::take(&mut self.frame);
+        let mut n = 0;
+        let mut result = Ok(());
+        while n < budget {
+            match self.recv(&mut frame) {
+                Ok(Some(_)) => {
+                    f(&frame);
+                    n += 1;
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    result = Err(e);
+                    break;
+                }
+            }
+        }
+        self.frame = frame;
+        result?;
+        if n > 0 {
+            self.counters.polls.add(1);
+            self.refill()?;
+        }
+        Ok(n)
+    }
+
     /// Blocks until the call eventfd fires or `timeout_ms` passes (negative: forever);
     /// counts the interrupt.
     pub fn wait(&mut self, timeout_ms: i32) -> bool {

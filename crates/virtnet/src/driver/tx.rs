@@ -34,11 +34,14 @@ pub struct TxQueue {
     call: EventFd,
     hdr_len: usize,
     offloads: TxOffloads,
-    /// Reclaim from the transmit path only below this many free descriptors: reading the used
-    /// index costs a cache-line transfer from the device, not worth paying on every frame.
+    /// Reclaim from the transmit path only below this many free descriptors (two budgets'
+    /// worth): reading the used index costs a cache-line transfer from a device that keeps
+    /// writing it, worth paying once per budget of completions, not on every frame.
     reclaim_below: u16,
     stopped: bool,
     pending_kick: bool,
+    /// The owner polls instead of sleeping: never ask the device for an interrupt.
+    busy_poll: bool,
     pub counters: Arc<QueueCounters>,
 }
 
@@ -75,9 +78,12 @@ impl TxQueue {
             call: setup.call.try_clone().map_err(FrontendError::from)?,
             hdr_len: net::hdr_len(features),
             offloads: TxOffloads::from_features(features),
-            reclaim_below: (size / 2).max(TX_WORST_CASE_DESCS.min(size)),
+            reclaim_below: (2 * TX_RECLAIM_BUDGET as u16)
+                .min(size / 2)
+                .max(TX_WORST_CASE_DESCS.min(size)),
             stopped: false,
             pending_kick: false,
+            busy_poll: false,
             counters: Arc::new(QueueCounters::default()),
         };
         // Completions are reclaimed from the transmit path; interrupts only while stopped.
@@ -88,6 +94,21 @@ impl TxQueue {
     pub fn vq(&self) -> u16 {
         self.vq
     }
+
+    /// Publishes the avail index once per burst ([`TxQueue::flush`]) instead of on every
+    /// frame. Seed 002 made every add publish, which lets a sleeping device start early; a
+    /// device that polls the ring instead pays a cache-line transfer per frame for it. Off by
+    /// default.
+    pub fn set_avail_per_burst(&mut self, on: bool) {
+        self.q.set_publish_on_kick(on);
+    }
+
+    /// The owner busy-polls [`TxQueue::reclaim`] while stopped, so stopping asks for no
+    /// completion interrupt: the device is spared the eventfd writes.
+    pub fn set_busy_poll(&mut self, on: bool) {
+        self.busy_poll = on;
+    }
+
     pub fn is_stopped(&self) -> bool {
         self.stopped
     }
@@ -203,6 +224,9 @@ impl TxQueue {
         self.stopped = true;
         self.counters.stops.add(1);
         self.flush();
+        if self.busy_poll {
+            return Ok(());
+        }
         if self.q.enable_cb_delayed() {
             self.reclaim(usize::MAX)?;
         }
@@ -243,7 +267,8 @@ impl TxQueue {
     }
 
     /// Reclaims everything the device has completed until nothing is in flight, for a clean
-    /// stop; gives up after `timeout`. Returns whether the queue drained.
+    /// stop; gives up after `timeout`. Returns whether the queue drained. It polls (every
+    /// millisecond) rather than taking interrupts: a shutdown path, not a data path.
     pub fn drain(&mut self, timeout: std::time::Duration) -> Result<bool, DriverError> {
         self.flush();
         let deadline = std::time::Instant::now() + timeout;
@@ -251,13 +276,9 @@ impl TxQueue {
             self.reclaim(usize::MAX)?;
             let drained = self.q.in_flight() == 0;
             if drained || std::time::Instant::now() >= deadline {
-                self.q.disable_cb();
                 return Ok(drained);
             }
-            self.q.enable_cb();
-            if super::wait_readable(&self.call, 1) {
-                self.ack_interrupt();
-            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
         }
     }
 }
