@@ -54,6 +54,15 @@ pub struct BackendArgs {
     /// for the seed 004 experiment).
     #[arg(long, default_value_t = 0)]
     ctrl_delay_us: u32,
+    /// Used entries written before the used index is published (1 = every entry).
+    #[arg(long, default_value_t = 64)]
+    used_batch: u16,
+    /// While busy polling tx, do not poll the TAP for rx (seed 003 off).
+    #[arg(long)]
+    no_poll_rx_from_tx: bool,
+    /// Pin the data workers to this CPU.
+    #[arg(long)]
+    worker_cpu: Option<usize>,
     /// Control socket for `virtnet ctl`.
     #[arg(long)]
     ctl: Option<PathBuf>,
@@ -83,6 +92,9 @@ pub fn run(args: BackendArgs) -> Result<(), Box<dyn std::error::Error>> {
         mtu: args.mtu,
         busy_poll_us: args.busy_poll_us,
         ctrl_delay_us: args.ctrl_delay_us,
+        used_batch: args.used_batch,
+        poll_rx_from_tx: !args.no_poll_rx_from_tx,
+        worker_cpu: args.worker_cpu,
     };
     let listener = match (&args.socket_path, args.fd) {
         (Some(path), _) => {

@@ -100,3 +100,25 @@ fn flag_mode_without_event_idx_or_indirect_works_too() {
     assert_eq!(got.len(), 2000);
     assert!(got[1999] == frame(1999, 64));
 }
+
+#[test]
+fn used_batch_one_publishes_every_entry_and_batching_publishes_fewer() {
+    let mut stores = Vec::new();
+    for batch in [1u16, 64] {
+        let b = start_backend(
+            &format!("batch{batch}"),
+            BackendConfig {
+                io: IoMode::Echo,
+                used_batch: batch,
+                ..Default::default()
+            },
+        );
+        let mut p = connect(&b, WANTED);
+        assert_eq!(echo_round(&mut p, 3000, 64).len(), 3000);
+        let tx = b.device.reports()[1].counters;
+        stores.push((tx.batches_flushed, tx.packets));
+    }
+    let (one, sixty_four) = (stores[0], stores[1]);
+    assert_eq!(one.0, one.1, "batch 1: one used.idx store per frame");
+    assert!(sixty_four.0 < one.0, "batch 64 stores less: {stores:?}");
+}

@@ -85,6 +85,12 @@ pub struct BackendConfig {
     pub busy_poll_us: u32,
     /// Seed 004's slow device: wait this long before answering each control command.
     pub ctrl_delay_us: u32,
+    /// Used entries written before `used.idx` is published (seed 001; 1 = every entry).
+    pub used_batch: u16,
+    /// While busy polling the tx ring, also poll the host side for rx (seed 003).
+    pub poll_rx_from_tx: bool,
+    /// Pin every data worker to this CPU (for the contended case of seed 000).
+    pub worker_cpu: Option<usize>,
 }
 
 impl Default for BackendConfig {
@@ -96,6 +102,9 @@ impl Default for BackendConfig {
             mtu: 1500,
             busy_poll_us: 0,
             ctrl_delay_us: 0,
+            used_batch: vring::DEFAULT_USED_BATCH,
+            poll_rx_from_tx: true,
+            worker_cpu: None,
         }
     }
 }

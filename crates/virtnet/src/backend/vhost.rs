@@ -107,10 +107,11 @@ impl Connection {
             tracing::warn!(queue = index, error = %e, "bad queue configuration");
             VuError::InvalidParam
         })?;
-        let queue = DeviceQueue::activate(&config, mem, v.base).map_err(|e| {
+        let mut queue = DeviceQueue::activate(&config, mem, v.base).map_err(|e| {
             tracing::warn!(queue = index, error = %e, "bad queue configuration");
             VuError::InvalidParam
         })?;
+        queue.set_used_batch(self.device.shared().config.used_batch);
         let v = &mut self.vrings[index];
         let kick = v
             .kick

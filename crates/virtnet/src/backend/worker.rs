@@ -55,6 +55,8 @@ pub struct QueueRuntime {
     /// and the used count at the last call.
     held_since: Option<Instant>,
     used_at_last_call: u64,
+    /// The engine's used-index store count already added to the metrics.
+    stores_reported: u64,
 }
 
 impl QueueRuntime {
@@ -67,6 +69,7 @@ impl QueueRuntime {
         metrics: Arc<QueueMetrics>,
     ) -> QueueRuntime {
         let used_at_last_call = queue.stats().used;
+        let stores_reported = queue.stats().used_idx_stores;
         QueueRuntime {
             index,
             queue,
@@ -76,6 +79,7 @@ impl QueueRuntime {
             metrics,
             held_since: None,
             used_at_last_call,
+            stores_reported,
         }
     }
 
@@ -255,10 +259,11 @@ pub(super) fn break_queue(q: &QueueRuntime, e: &RingError) {
 /// `max_usecs` pass (the worker's timer), whichever is first. A held call is never dropped:
 /// with EVENT_IDX the driver will not ask again until it has been woken.
 pub(super) fn notify(q: &mut QueueRuntime) {
-    let before = q.queue.stats().used_idx_stores;
     let need = q.queue.needs_notification();
-    let flushed = q.queue.stats().used_idx_stores - before;
-    q.metrics.add(&q.metrics.counters.batches_flushed, flushed);
+    // Every used.idx store, including those add_used made when a batch filled.
+    let stores = q.queue.stats().used_idx_stores;
+    q.metrics.add(&q.metrics.counters.batches_flushed, stores - q.stores_reported);
+    q.stores_reported = stores;
     let coal = q.metrics.coalesce();
     if need && coal.is_off() {
         q.fire();
@@ -331,6 +336,11 @@ fn read_chain(mem: &vring::GuestMemory, chain: &Chain, buf: &mut [u8]) -> Result
 
 impl Worker {
     fn run(&mut self) {
+        if let Some(cpu) = self.shared.config.worker_cpu {
+            if let Err(e) = sys::pin_thread(cpu) {
+                tracing::warn!(cpu, error = %e, "cannot pin the worker");
+            }
+        }
         let _ = self.epoll.ctl(
             ControlOperation::Add,
             self.wake.as_raw_fd(),
@@ -688,6 +698,7 @@ impl Worker {
                 // posted buffers to receive into.
                 let active = self.pair < self.shared.active_pairs.load(Relaxed);
                 let host_ready = active
+                    && self.shared.config.poll_rx_from_tx
                     && match (&self.io, tap_fd) {
                         (Io::Null { .. }, _) => true,
                         (Io::Tap(_), Some(fd)) => spins.is_multiple_of(8) && sys::readable_now(fd),

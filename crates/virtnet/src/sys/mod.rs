@@ -66,6 +66,26 @@ pub fn unix_listener_from_fd(fd: RawFd) -> io::Result<std::os::unix::net::UnixLi
     Ok(unsafe { std::os::unix::net::UnixListener::from_raw_fd(fd) })
 }
 
+/// Pins the calling thread to `cpu`.
+pub fn pin_thread(cpu: usize) -> io::Result<()> {
+    if cpu >= libc::CPU_SETSIZE as usize {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "cpu number too large",
+        ));
+    }
+    // SAFETY: cpu_set_t is plain old data; all-zero is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `cpu` was checked against CPU_SETSIZE, so the bit lies inside `set`.
+    unsafe { libc::CPU_SET(cpu, &mut set) };
+    // SAFETY: `set` is a valid cpu_set_t of the size given; pid 0 is the calling thread.
+    let r = unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Whether `fd` is readable now (poll with a zero timeout): the cheap "does the TAP have a
 /// frame" test of busy polling.
 pub fn readable_now(fd: RawFd) -> bool {
