@@ -79,6 +79,7 @@ fn device_side_benches(c: &mut Criterion) {
                     let cfg = device_side::Config {
                         shape,
                         rounds: rounds.max(1),
+                        deadline: None,
                     };
                     let run = if vq {
                         device_side::run(&ring, VqDevice::new(&ring).expect("vq"), &cfg)

@@ -31,7 +31,11 @@ fn main() -> Result<(), BenchError> {
     };
     let rounds = rounds.unwrap_or_else(|| usage());
     let ring = RingMemory::new(device_side::FEATURES)?;
-    let cfg = device_side::Config { shape, rounds };
+    let cfg = device_side::Config {
+        shape,
+        rounds,
+        deadline: None,
+    };
     let run = match engine.as_str() {
         "vring" => device_side::run(&ring, ring.vring_device()?, &cfg)?,
         "virtio-queue" => device_side::run(&ring, virtio_queue::VqDevice::new(&ring)?, &cfg)?,

@@ -62,7 +62,11 @@ fn device_side_once(
     rounds: u64,
 ) -> Result<device_side::Run, BenchError> {
     let ring = RingMemory::new(device_side::FEATURES)?;
-    let cfg = device_side::Config { shape, rounds };
+    let cfg = device_side::Config {
+        shape,
+        rounds,
+        deadline: None,
+    };
     match engine {
         Engine::Vring => device_side::run(&ring, ring.vring_device()?, &cfg),
         Engine::VirtioQueue => device_side::run(&ring, VqDevice::new(&ring)?, &cfg),
@@ -87,7 +91,7 @@ struct Args {
 fn parse_args() -> Args {
     let mut args = Args {
         repeats: 7,
-        poll_ops: 1 << 22,
+        poll_ops: 1 << 20,
         sleep_ops: 1 << 19,
         rounds: 50_000,
     };

@@ -47,14 +47,19 @@ impl Notifier {
         self.fd.write(1).map_err(BenchError::io("eventfd write"))
     }
 
-    /// Sleeps until at least one notification arrived, and consumes all that did. Returns
-    /// early with [`BenchError::PeerFailed`] once `abort` is set.
-    pub fn wait(&self, abort: &AtomicBool) -> Result<(), BenchError> {
+    /// Sleeps until at least one notification arrived, and consumes all that did: returns
+    /// true. Returns false, without a notification, once `finished` is set (the peer has no
+    /// more work to give), and fails with [`BenchError::PeerFailed`] once `abort` is set.
+    pub fn wait(
+        &self,
+        abort: &AtomicBool,
+        finished: Option<&AtomicBool>,
+    ) -> Result<bool, BenchError> {
         let mut waited_ms = 0u64;
         let mut events = [EpollEvent::default()];
         loop {
             match self.fd.read() {
-                Ok(_) => return Ok(()),
+                Ok(_) => return Ok(true),
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(BenchError::io("eventfd read")(e)),
@@ -63,6 +68,9 @@ impl Notifier {
                 Ok(0) => {
                     if abort.load(Relaxed) {
                         return Err(BenchError::PeerFailed);
+                    }
+                    if finished.is_some_and(|f| f.load(Relaxed)) {
+                        return Ok(false);
                     }
                     waited_ms += POLL_SLICE_MS as u64;
                     if waited_ms >= LOST_WAKEUP_MS {

@@ -28,13 +28,16 @@ pub const MODES: [pingpong::Mode; 5] = [
 /// The device-side chain shapes, in table order.
 pub const SHAPES: [ChainShape; 2] = [ChainShape::ONE, ChainShape::FOUR];
 
-/// Run sizes: chains per ping-pong run, rounds of 64 chains per device-side run.
+/// Run sizes: chains per ping-pong run, rounds of 64 chains per device-side run, each cut
+/// short by a time limit so that a loaded machine does not stretch the whole bench.
 #[derive(Clone, Copy, Debug, Serialize)]
 pub struct Sizes {
     pub repeats: u32,
     pub poll_ops: u64,
     pub sleep_ops: u64,
     pub device_side_rounds: u64,
+    /// Time limit of one run, in milliseconds.
+    pub run_limit_ms: u64,
 }
 
 impl Sizes {
@@ -45,6 +48,7 @@ impl Sizes {
                 poll_ops: 1 << 16,
                 sleep_ops: 1 << 15,
                 device_side_rounds: 2_000,
+                run_limit_ms: 300,
             }
         } else {
             Sizes {
@@ -52,12 +56,17 @@ impl Sizes {
                 poll_ops: 1 << 22,
                 sleep_ops: 1 << 20,
                 device_side_rounds: 100_000,
+                run_limit_ms: 600,
             }
         };
         Sizes {
             repeats: o.repeats.unwrap_or(s.repeats).max(1),
             ..s
         }
+    }
+
+    fn run_limit(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.run_limit_ms)
     }
 
     fn ops(&self, mode: pingpong::Mode) -> u64 {
@@ -120,7 +129,8 @@ pub fn measure(sizes: &Sizes, progress: Progress<'_>) -> Result<RingResults, Ben
             ));
             let ring = RingMemory::new(mode.features())?;
             let device = ring.vring_device()?;
-            let cfg = pingpong::Config::new(mode, sizes.ops(mode));
+            let mut cfg = pingpong::Config::new(mode, sizes.ops(mode));
+            cfg.deadline = Some(sizes.run_limit());
             pp[i].push(pingpong::run(&ring, device, &cfg)?);
         }
         for (i, &shape) in SHAPES.iter().enumerate() {
@@ -134,6 +144,7 @@ pub fn measure(sizes: &Sizes, progress: Progress<'_>) -> Result<RingResults, Ben
             let cfg = device_side::Config {
                 shape,
                 rounds: sizes.device_side_rounds,
+                deadline: Some(sizes.run_limit()),
             };
             ds[i].push(device_side::run(&ring, device, &cfg)?);
         }

@@ -8,7 +8,7 @@
 //! [`OUTLIER_FACTOR`] times the median round are left out of the figure (and counted), so the
 //! figure is the engine's cost, not the neighbours'. On a quiet machine none are left out.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use vring::Features;
@@ -27,8 +27,10 @@ pub const OUTLIER_FACTOR: u64 = 10;
 #[derive(Clone, Copy, Debug)]
 pub struct Config {
     pub shape: ChainShape,
-    /// Rounds of [`BATCH`] chains.
+    /// Rounds of [`BATCH`] chains, at most.
     pub rounds: u64,
+    /// Stop once this long has passed (checked every 256 rounds).
+    pub deadline: Option<Duration>,
 }
 
 /// What one run measured.
@@ -83,6 +85,9 @@ pub fn run<D: RingDevice>(
     let mut round_ns: Vec<u64> = Vec::with_capacity(cfg.rounds as usize);
     let t0 = Instant::now();
     for round in 0..cfg.rounds {
+        if round % 256 == 255 && cfg.deadline.is_some_and(|d| t0.elapsed() >= d) {
+            break;
+        }
         for i in 0..BATCH {
             let token = (round as u32).wrapping_mul(BATCH as u32) + i as u32;
             if !bufs.add(&mut driver, token)? {
@@ -164,7 +169,12 @@ mod tests {
         for shape in [ChainShape::ONE, ChainShape::FOUR] {
             let ring = RingMemory::new(FEATURES).unwrap();
             let device = ring.vring_device().unwrap();
-            let r = run(&ring, device, &Config { shape, rounds: 100 }).unwrap();
+            let cfg = Config {
+                shape,
+                rounds: 100,
+                deadline: None,
+            };
+            let r = run(&ring, device, &cfg).unwrap();
             assert_eq!(r.chains, 6400);
             assert_eq!(r.descriptors, 6400 * shape.descriptors() as u64);
             assert_eq!(r.device.used_idx_stores, 100);

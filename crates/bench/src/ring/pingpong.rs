@@ -12,7 +12,7 @@
 use std::hint::spin_loop;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Barrier;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use vring::{DriverQueue, Features};
@@ -55,8 +55,11 @@ impl Mode {
 #[derive(Clone, Copy, Debug)]
 pub struct Config {
     pub mode: Mode,
-    /// Chains to complete.
+    /// Chains to complete, at most.
     pub ops: u64,
+    /// Stop adding chains once this long has passed (checked every 4096 chains), so a run on
+    /// a loaded machine stays short; the run then reports the chains it completed.
+    pub deadline: Option<Duration>,
     /// CPUs for the driver and device threads.
     pub driver_cpu: usize,
     pub device_cpu: usize,
@@ -67,6 +70,7 @@ impl Config {
         Config {
             mode,
             ops,
+            deadline: None,
             driver_cpu: 0,
             device_cpu: 1,
         }
@@ -107,6 +111,7 @@ pub struct DeviceSideCounts {
 pub struct Run {
     pub mode: Mode,
     pub engine: &'static str,
+    /// Chains completed.
     pub ops: u64,
     pub secs: f64,
     /// Whether both threads were pinned to their CPUs.
@@ -161,13 +166,16 @@ pub fn run<D: RingDevice + Send>(
     let kick = Notifier::new("device")?;
     let call = Notifier::new("driver")?;
     let abort = AtomicBool::new(false);
+    let finished = AtomicBool::new(false);
     let start = Barrier::new(2);
     let bufs = ChainBufs::new(ChainShape::ONE);
     let sides = Sides {
         kick: &kick,
         call: &call,
         abort: &abort,
+        finished: &finished,
         ops: cfg.ops,
+        deadline: cfg.deadline,
     };
 
     std::thread::scope(|s| {
@@ -193,6 +201,8 @@ pub fn run<D: RingDevice + Send>(
                 Mode::Sleep { .. } => sides.driver_sleep(&mut driver, &bufs),
             };
             let secs = t0.elapsed().as_secs_f64();
+            // Tells a device still waiting for more work that there is none.
+            finished.store(true, Relaxed);
             if r.is_err() {
                 abort.store(true, Relaxed);
             }
@@ -212,7 +222,7 @@ pub fn run<D: RingDevice + Send>(
         let run = Run {
             mode: cfg.mode,
             engine: D::NAME,
-            ops: cfg.ops,
+            ops: drv_counts.used,
             secs,
             pinned: pinned && dev_pinned,
             driver: drv_counts,
@@ -223,13 +233,39 @@ pub fn run<D: RingDevice + Send>(
     })
 }
 
+/// How many chains the driver adds: `ops`, or fewer once the deadline has passed.
+struct Limit {
+    ops: u64,
+    deadline: Option<Instant>,
+}
+
+impl Limit {
+    fn new(ops: u64, deadline: Option<Duration>) -> Limit {
+        Limit {
+            ops,
+            deadline: deadline.map(|d| Instant::now() + d),
+        }
+    }
+
+    /// After `sent` chains: past the deadline, add no more.
+    #[inline]
+    fn check(&mut self, sent: u64) {
+        if sent.is_multiple_of(4096) && self.deadline.is_some_and(|d| Instant::now() >= d) {
+            self.ops = sent;
+        }
+    }
+}
+
 /// What both threads share.
 #[derive(Clone, Copy)]
 struct Sides<'a> {
     kick: &'a Notifier,
     call: &'a Notifier,
     abort: &'a AtomicBool,
+    /// Set by the driver when it has reclaimed its last chain.
+    finished: &'a AtomicBool,
     ops: u64,
+    deadline: Option<Duration>,
 }
 
 impl Sides<'_> {
@@ -261,11 +297,13 @@ impl Sides<'_> {
         let mut c = DriverCounts::default();
         driver.disable_cb();
         let (mut sent, mut done) = (0u64, 0u64);
-        while done < self.ops {
+        let mut limit = Limit::new(self.ops, self.deadline);
+        while done < limit.ops {
             let got = Self::reclaim(driver)?;
             done += got;
-            while sent < self.ops && bufs.add(driver, sent as u32)? {
+            while sent < limit.ops && bufs.add(driver, sent as u32)? {
                 sent += 1;
+                limit.check(sent);
             }
             // One kick decision per burst: the device polls, so it should say no.
             if driver.kick_prepare() {
@@ -291,6 +329,7 @@ impl Sides<'_> {
         driver.disable_cb();
         let (mut sent, mut done) = (0u64, 0u64);
         let mut woke = false;
+        let mut limit = Limit::new(self.ops, self.deadline);
         loop {
             let got = Self::reclaim(driver)?;
             done += got;
@@ -299,15 +338,16 @@ impl Sides<'_> {
             }
             woke = false;
             let mut added = 0;
-            while sent < self.ops && bufs.add(driver, sent as u32)? {
+            while sent < limit.ops && bufs.add(driver, sent as u32)? {
                 sent += 1;
                 added += 1;
+                limit.check(sent);
                 if driver.kick_prepare() {
                     self.kick.notify()?;
                     c.kick_writes += 1;
                 }
             }
-            if done >= self.ops {
+            if done >= limit.ops {
                 break;
             }
             if got + added > 0 {
@@ -318,7 +358,7 @@ impl Sides<'_> {
                 driver.disable_cb();
                 continue;
             }
-            self.call.wait(self.abort)?;
+            self.call.wait(self.abort, None)?;
             c.sleeps += 1;
             woke = true;
             driver.disable_cb();
@@ -377,6 +417,9 @@ impl Sides<'_> {
                 if self.abort.load(Relaxed) {
                     return Err(BenchError::PeerFailed);
                 }
+                if self.finished.load(Relaxed) {
+                    break;
+                }
                 spin_loop();
                 continue;
             }
@@ -408,7 +451,9 @@ impl Sides<'_> {
             if device.enable_notification()? {
                 continue;
             }
-            self.kick.wait(self.abort)?;
+            if !self.kick.wait(self.abort, Some(self.finished))? {
+                break; // The driver stopped early (deadline) and has everything back.
+            }
             c.sleeps += 1;
             woke = true;
         }
@@ -425,6 +470,21 @@ mod tests {
         let ring = RingMemory::new(mode.features()).unwrap();
         let device = ring.vring_device().unwrap();
         run(&ring, device, &Config::new(mode, 20_000)).unwrap()
+    }
+
+    #[test]
+    fn a_deadline_cuts_a_run_short_with_consistent_counts() {
+        for mode in [
+            Mode::Poll { used_batch: 64 },
+            Mode::Sleep { event_idx: true },
+        ] {
+            let ring = RingMemory::new(mode.features()).unwrap();
+            let device = ring.vring_device().unwrap();
+            let mut cfg = Config::new(mode, u64::MAX / 2);
+            cfg.deadline = Some(Duration::from_millis(20));
+            let r = run(&ring, device, &cfg).unwrap();
+            assert!(r.ops > 0 && r.ops.is_multiple_of(4096), "{r:?}");
+        }
     }
 
     #[test]
