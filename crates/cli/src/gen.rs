@@ -44,7 +44,8 @@ pub struct GenArgs {
     /// Frames per transmit burst.
     #[arg(long, default_value_t = 32)]
     burst: usize,
-    /// Publish the tx avail index once per burst instead of per frame (for polling devices).
+    /// Publish the avail index once per tx burst or rx refill instead of per buffer (for
+    /// devices that poll the rings).
     #[arg(long)]
     avail_per_burst: bool,
     /// Seconds to keep retrying the connection.

@@ -62,7 +62,7 @@ pub struct GenConfig {
     pub queue_size: u16,
     /// Frames per transmit burst (one kick decision per burst).
     pub burst: usize,
-    /// Publish the tx avail index once per burst rather than per frame.
+    /// Publish the avail index once per burst (tx) or refill (rx) rather than per buffer.
     pub avail_per_burst: bool,
     /// How long to keep retrying the connection.
     #[serde(serialize_with = "as_secs")]
@@ -190,6 +190,9 @@ pub struct GenReport {
     pub ctrl: Option<CtrlSnapshot>,
     /// CPU time of the generator threads over the run, in percent of one CPU.
     pub cpu_pct: f64,
+    /// CPU time spent on control commands outside the generator threads: the interrupt-mode
+    /// reaper, or the polling-mode DIM worker, in seconds.
+    pub ctrl_cpu_s: f64,
 }
 
 /// A log-linear latency histogram: exact below 64 ns, then 32 buckets per power of two
@@ -341,6 +344,7 @@ pub fn run(config: &GenConfig, on_second: &mut dyn FnMut(&Rates)) -> Result<GenR
     }
     let mut pairs = driver.take_pairs();
     let mut dims = Vec::new();
+    let mut dim_dispatch = None;
     if config.dim {
         let Some(ctrl) = driver.ctrl().cloned() else {
             return Err(GenError::Negotiation {
@@ -353,6 +357,7 @@ pub fn run(config: &GenConfig, on_second: &mut dyn FnMut(&Rates)) -> Result<GenR
             driver.set_vq_coalesce(p.rx.vq(), RX_PROFILES[DEFAULT_PROFILE])?;
         }
         let dispatch = DimDispatch::for_queue(&ctrl);
+        dim_dispatch = Some(dispatch.clone());
         for p in pairs.iter_mut() {
             let dim = RxDim::new(p.rx.vq(), dispatch.clone(), DEFAULT_PROFILE);
             dims.push(dim.counters.clone());
@@ -366,6 +371,7 @@ pub fn run(config: &GenConfig, on_second: &mut dyn FnMut(&Rates)) -> Result<GenR
         .iter()
         .map(|_| Arc::new(crate::driver::counters::Counter::default()))
         .collect();
+    let reaper_cpu0 = driver.ctrl().map_or(0, |c| c.reaper_cpu_ns());
     let started = Instant::now();
     let threads: Vec<_> = pairs
         .into_iter()
@@ -473,6 +479,12 @@ pub fn run(config: &GenConfig, on_second: &mut dyn FnMut(&Rates)) -> Result<GenR
         latency: (config.mode == Mode::Rr).then(|| hist.latency()),
         ctrl: driver.ctrl().map(|c| c.counters()),
         cpu_pct: cpu_ns as f64 / 1e9 / elapsed.as_secs_f64().max(1e-9) * 100.0,
+        ctrl_cpu_s: (driver
+            .ctrl()
+            .map_or(0, |c| c.reaper_cpu_ns())
+            .saturating_sub(reaper_cpu0)
+            + dim_dispatch.map_or(0, |d| d.worker_cpu_ns())) as f64
+            / 1e9,
     })
 }
 
@@ -488,6 +500,7 @@ fn worker(
     let mut histogram = Histogram::default();
     let mut lost = 0;
     p.tx.set_avail_per_burst(cfg.avail_per_burst);
+    p.rx.set_avail_per_burst(cfg.avail_per_burst);
     p.tx.set_busy_poll(cfg.busy_poll);
     let busy = cfg.busy_poll;
     let rx_poll = move |rx: &mut crate::driver::RxQueue, budget: usize| {
@@ -669,8 +682,8 @@ impl GenReport {
         if let Some(c) = &self.ctrl {
             let _ = writeln!(
                 o,
-                "  ctrl: {} commands, {} interrupts, {} timeouts",
-                c.completed, c.interrupts, c.timeouts
+                "  ctrl ({:?}): {} commands, {} interrupts, {} timeouts, {:.3} s CPU outside the pair threads",
+                self.config.ctrl, c.completed, c.interrupts, c.timeouts, self.ctrl_cpu_s
             );
         }
         o

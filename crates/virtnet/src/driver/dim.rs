@@ -387,6 +387,14 @@ impl DimDispatch {
         }
     }
 
+    /// CPU time of the polling-mode worker thread (0 in interrupt mode: no thread).
+    pub fn worker_cpu_ns(&self) -> u64 {
+        match self {
+            DimDispatch::Irq(_) => 0,
+            DimDispatch::Poll(w) => w.cpu_ns(),
+        }
+    }
+
     fn send(&self, cmd: Command) -> Result<Ticket, String> {
         match self {
             DimDispatch::Irq(ctrl) => ctrl.submit(cmd).map(Ticket::Irq).map_err(|e| e.to_string()),

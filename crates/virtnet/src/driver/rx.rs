@@ -168,6 +168,12 @@ impl RxQueue {
     pub fn ring(&self) -> &DriverQueue<u16> {
         &self.q
     }
+    /// Publishes the avail index once per refill instead of per buffer (see
+    /// `TxQueue::set_avail_per_burst`). Off by default.
+    pub fn set_avail_per_burst(&mut self, on: bool) {
+        self.q.set_publish_on_kick(on);
+    }
+
     /// Attaches dynamic interrupt moderation: it runs each time a NAPI round completes.
     pub fn attach_dim(&mut self, dim: RxDim) {
         self.dim = Some(dim);
