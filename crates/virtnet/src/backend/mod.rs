@@ -345,6 +345,13 @@ pub fn serve_connection(device: &Arc<Device>, stream: UnixStream) {
                 tracing::info!("frontend disconnected");
                 break;
             }
+            Err(VuError::InactiveFeature(_)) => {
+                // SET_VRING_ENABLE before SET_FEATURES (QEMU 7.2): see Connection.
+                tracing::debug!("ring enabled before features were set; enabling at SET_FEATURES");
+                if let Ok(mut c) = conn.lock() {
+                    c.enable_before_features = true;
+                }
+            }
             Err(e) => {
                 let must_close = conn.lock().map(|c| c.must_disconnect).unwrap_or(true);
                 let socket_level = matches!(

@@ -55,6 +55,10 @@ pub struct Connection {
     /// Set when a request that needs a reply failed: the frontend would wait forever for an
     /// answer we did not send, so the connection must close.
     pub must_disconnect: bool,
+    /// QEMU 7.2 sends SET_VRING_ENABLE before SET_FEATURES; rust-vmm `vhost` refuses it then
+    /// (PROTOCOL_FEATURES not acked yet) without telling us which ring. When that happened,
+    /// the rings start enabled once the features arrive, as the frontend believes they are.
+    pub enable_before_features: bool,
 }
 
 fn invalid(what: &'static str) -> VuError {
@@ -72,6 +76,7 @@ impl Connection {
             mem: None,
             vrings: (0..n).map(|_| VringSetup::default()).collect(),
             must_disconnect: false,
+            enable_before_features: false,
         }
     }
 
@@ -188,8 +193,9 @@ impl VhostUserBackendReqHandlerMut for Connection {
         }
         self.acked_features = acked;
         self.features_set = true;
-        // Without protocol features, rings start enabled (vhost-user spec, "Ring states").
-        let enabled = !self.protocol_negotiated();
+        // Without protocol features, rings start enabled (vhost-user spec, "Ring states"); see
+        // `enable_before_features` for the other case.
+        let enabled = !self.protocol_negotiated() || self.enable_before_features;
         for v in &mut self.vrings {
             if !v.running {
                 v.enabled = enabled;

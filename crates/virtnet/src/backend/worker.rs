@@ -262,7 +262,10 @@ pub(super) fn notify(q: &mut QueueRuntime) {
     let need = q.queue.needs_notification();
     // Every used.idx store, including those add_used made when a batch filled.
     let stores = q.queue.stats().used_idx_stores;
-    q.metrics.add(&q.metrics.counters.batches_flushed, stores - q.stores_reported);
+    q.metrics.add(
+        &q.metrics.counters.batches_flushed,
+        stores - q.stores_reported,
+    );
     q.stores_reported = stores;
     let coal = q.metrics.coalesce();
     if need && coal.is_off() {
