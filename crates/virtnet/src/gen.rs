@@ -505,9 +505,9 @@ fn worker(
     let busy = cfg.busy_poll;
     let rx_poll = move |rx: &mut crate::driver::RxQueue, budget: usize| {
         if busy {
-            rx.poll_busy(budget, |_| {})
+            rx.poll_busy_count(budget)
         } else {
-            rx.poll(budget, |_| {})
+            rx.poll_count(budget)
         }
     };
     let frame = udp4_frame(cfg.size, dst, src, &[]);

@@ -234,22 +234,38 @@ impl RxQueue {
     /// waits; a frame the device described badly is dropped and counted, and the next one
     /// is tried.
     pub fn recv(&mut self, out: &mut Vec<u8>) -> Result<Option<NetHdr>, DriverError> {
+        Ok(self.take(Some(out))?.map(|(hdr, _)| hdr))
+    }
+
+    /// Like [`RxQueue::recv`] without copying the frame out: its header and length only, for
+    /// a consumer that only counts (as DPDK's rxonly forwarding does).
+    pub fn recv_len(&mut self) -> Result<Option<(NetHdr, usize)>, DriverError> {
+        self.take(None)
+    }
+
+    fn take(
+        &mut self,
+        mut out: Option<&mut Vec<u8>>,
+    ) -> Result<Option<(NetHdr, usize)>, DriverError> {
         loop {
             let Some((slot, len)) = self.next_used()? else {
                 return Ok(None);
             };
-            out.clear();
+            if let Some(o) = out.as_deref_mut() {
+                o.clear();
+            }
             let mut hdr_bytes = [0u8; net::HDR_LEN];
             let first = self.pool.addr(slot);
             let len = len as usize;
             let mut ok = len >= self.hdr_len;
             let mut buffers = 1u16;
+            let mut frame_len = 0;
             if ok {
                 self.read(first, &mut hdr_bytes[..self.hdr_len])?;
                 if matches!(self.layout, RxLayout::Mergeable { .. }) {
                     buffers = NetHdr::from_bytes(&hdr_bytes).num_buffers.max(1);
                 }
-                self.copy_out(first, self.hdr_len, len, out)?;
+                frame_len += self.copy_out(first, self.hdr_len, len, out.as_deref_mut())?;
             }
             self.pool.free.push(slot);
             // More buffers than could possibly be in flight: a lie, not a frame to wait for.
@@ -260,7 +276,8 @@ impl RxQueue {
             for _ in 1..buffers {
                 match self.next_used()? {
                     Some((slot, len)) => {
-                        self.copy_out(self.pool.addr(slot), 0, len as usize, out)?;
+                        let at = self.pool.addr(slot);
+                        frame_len += self.copy_out(at, 0, len as usize, out.as_deref_mut())?;
                         self.pool.free.push(slot);
                     }
                     None => {
@@ -274,8 +291,8 @@ impl RxQueue {
                 continue;
             }
             self.counters.packets.add(1);
-            self.counters.bytes.add(out.len() as u64);
-            return Ok(Some(NetHdr::from_bytes(&hdr_bytes)));
+            self.counters.bytes.add(frame_len as u64);
+            return Ok(Some((NetHdr::from_bytes(&hdr_bytes), frame_len)));
         }
     }
 
@@ -285,49 +302,78 @@ impl RxQueue {
             .map_err(|e| ring_error(self.vq, &self.counters, e))
     }
 
+    /// Appends bytes `from..len` of the buffer at `at` to `out` (if given); returns how many.
     fn copy_out(
         &self,
         at: GuestAddress,
         from: usize,
         len: usize,
-        out: &mut Vec<u8>,
-    ) -> Result<(), DriverError> {
+        out: Option<&mut Vec<u8>>,
+    ) -> Result<usize, DriverError> {
         let len = len.min(self.pool.buf_len as usize);
-        if len > from {
+        if len <= from {
+            return Ok(0);
+        }
+        if let Some(out) = out {
             let start = out.len();
             out.resize(start + len - from, 0);
             self.read(GuestAddress(at.0 + from as u64), &mut out[start..])?;
         }
-        Ok(())
+        Ok(len - from)
+    }
+
+    /// Busy-polling receive that only counts: up to `budget` frames taken (not copied), then
+    /// refill. Callbacks stay off.
+    pub fn poll_busy_count(&mut self, budget: usize) -> Result<usize, DriverError> {
+        self.q.disable_cb();
+        let mut n = 0;
+        while n < budget && self.recv_len()?.is_some() {
+            n += 1;
+        }
+        if n > 0 {
+            self.counters.polls.add(1);
+            self.refill()?;
+        }
+        Ok(n)
     }
 
     /// NAPI-style poll: up to `budget` frames handed to `f`, refill, then enable callbacks
     /// and re-check. Returns the frames received; when it returns fewer than `budget`,
     /// callbacks are on and the caller may sleep on the call eventfd.
     pub fn poll(&mut self, budget: usize, mut f: impl FnMut(&[u8])) -> Result<usize, DriverError> {
+        let mut frame = std::mem::take(&mut self.frame);
+        let r = self.napi(budget, |rx| match rx.take(Some(&mut frame))? {
+            Some(_) => {
+                f(&frame);
+                Ok(true)
+            }
+            None => Ok(false),
+        });
+        self.frame = frame;
+        r
+    }
+
+    /// Like [`RxQueue::poll`] for a consumer that only counts: frames are taken, not copied.
+    pub fn poll_count(&mut self, budget: usize) -> Result<usize, DriverError> {
+        self.napi(budget, |rx| Ok(rx.take(None)?.is_some()))
+    }
+
+    /// The NAPI round: `take_one` until `budget` or empty, refill, enable and re-check.
+    fn napi(
+        &mut self,
+        budget: usize,
+        mut take_one: impl FnMut(&mut RxQueue) -> Result<bool, DriverError>,
+    ) -> Result<usize, DriverError> {
         self.q.disable_cb();
         self.counters.polls.add(1);
-        let mut frame = std::mem::take(&mut self.frame);
         let mut n = 0;
-        let result = loop {
-            while n < budget {
-                match self.recv(&mut frame) {
-                    Ok(Some(_)) => {
-                        f(&frame);
-                        n += 1;
-                    }
-                    Ok(None) => break,
-                    Err(e) => {
-                        self.frame = frame;
-                        return Err(e);
-                    }
-                }
+        loop {
+            while n < budget && take_one(self)? {
+                n += 1;
             }
-            if let Err(e) = self.refill() {
-                break Err(e);
-            }
+            self.refill()?;
             if n >= budget {
-                break Ok(n);
+                return Ok(n);
             }
             // Enable and re-check: a frame that landed meanwhile must not wait for the next
             // interrupt.
@@ -335,13 +381,11 @@ impl RxQueue {
                 if let Some(dim) = &mut self.dim {
                     dim.on_napi_complete(&self.counters);
                 }
-                break Ok(n);
+                return Ok(n);
             }
             self.counters.rechecks.add(1);
             self.q.disable_cb();
-        };
-        self.frame = frame;
-        result
+        }
     }
 
     /// Busy-polling receive: up to `budget` frames handed to `f`, then refill. Callbacks stay

@@ -38,6 +38,8 @@ pub struct TxQueue {
     /// worth): reading the used index costs a cache-line transfer from a device that keeps
     /// writing it, worth paying once per budget of completions, not on every frame.
     reclaim_below: u16,
+    /// The header last written into each buffer: an unchanged header is not written again.
+    slot_hdr: Vec<Option<NetHdr>>,
     stopped: bool,
     pending_kick: bool,
     /// The owner polls instead of sleeping: never ask the device for an interrupt.
@@ -81,6 +83,7 @@ impl TxQueue {
             reclaim_below: (2 * TX_RECLAIM_BUDGET as u16)
                 .min(size / 2)
                 .max(TX_WORST_CASE_DESCS.min(size)),
+            slot_hdr: vec![None; size as usize],
             stopped: false,
             pending_kick: false,
             busy_poll: false,
@@ -183,12 +186,19 @@ impl TxQueue {
         };
         let at = self.pool.addr(slot);
         let body = GuestAddress(at.0 + self.hdr_len as u64);
-        let written = self
-            .mem
-            .write(at, &hdr.to_bytes()[..self.hdr_len])
-            .and_then(|()| self.mem.write(body, frame));
+        // The buffer is ours alone to write (the device only reads tx buffers), so a header
+        // equal to the one already there need not be copied again.
+        let hdr_slot = &mut self.slot_hdr[slot as usize];
+        let written = if *hdr_slot == Some(hdr) {
+            Ok(())
+        } else {
+            *hdr_slot = Some(hdr);
+            self.mem.write(at, &hdr.to_bytes()[..self.hdr_len])
+        }
+        .and_then(|()| self.mem.write(body, frame));
         let len = (self.hdr_len + frame.len()) as u32;
         if let Err(e) = written.and_then(|()| self.q.add(&[Buf::new(at, len)], &[], slot)) {
+            self.slot_hdr[slot as usize] = None;
             self.pool.free.push(slot);
             return Err(ring_error(self.vq, &self.counters, e));
         }
