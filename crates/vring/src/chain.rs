@@ -81,6 +81,9 @@ impl Chain {
     }
 
     /// Walks and validates the chain starting at `head` (already checked < size) into `self`.
+    /// Inlined into `pop_into`: as a call it cost a third of the device side's instructions
+    /// per 1-descriptor chain (register saves, the `Result` through memory; callgrind).
+    #[inline]
     pub(crate) fn walk(
         &mut self,
         rings: &Rings,
