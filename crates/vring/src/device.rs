@@ -163,6 +163,14 @@ impl DeviceQueue {
         self.refresh_avail()
     }
 
+    /// The driver's latest avail index (read and checked now): lets a caller that is waiting
+    /// for more buffers tell whether any were added.
+    pub fn avail_idx(&mut self) -> Result<u16, Error> {
+        self.check_broken()?;
+        self.refresh_avail()?;
+        Ok(self.avail_cache)
+    }
+
     /// Pops the next available chain into `chain`, reusing its allocation. Returns false when
     /// the ring is empty. Any malformed chain breaks the queue.
     #[inline]

@@ -143,6 +143,8 @@ impl WorkerHandle {
             rx: None,
             tx: None,
             tap_armed: false,
+            rx_pending: None,
+            rx_blocked: None,
             commands: rx,
             wake: wake.try_clone()?,
             pending: pending.clone(),
@@ -225,6 +227,12 @@ struct Worker {
     tx: Option<QueueRuntime>,
     /// Whether epoll watches the TAP (only while rx has buffers to receive into).
     tap_armed: bool,
+    /// A frame read from the TAP (its length in `bounce`) that did not fit the posted rx
+    /// buffers: it goes first once the guest posts more, as vhost_net leaves it queued.
+    rx_pending: Option<usize>,
+    /// The avail index at which rx last lacked room (a pending TAP frame, or an echo): rx is
+    /// not worth retrying until the guest moves it.
+    rx_blocked: Option<u16>,
     commands: mpsc::Receiver<Command>,
     wake: EventFd,
     pending: Arc<AtomicBool>,
@@ -393,6 +401,20 @@ impl Worker {
         }
     }
 
+    /// Whether rx is still waiting for the guest to post more buffers (see `rx_blocked`).
+    fn rx_still_blocked(&mut self) -> bool {
+        let (Some(at), Some(rx)) = (self.rx_blocked, self.rx.as_mut()) else {
+            return false;
+        };
+        match rx.queue.avail_idx() {
+            Ok(now) if now == at => true,
+            _ => {
+                self.rx_blocked = None;
+                false
+            }
+        }
+    }
+
     fn fire_due_calls(&mut self) {
         let now = Instant::now();
         for q in [self.tx.as_mut(), self.rx.as_mut()].into_iter().flatten() {
@@ -458,6 +480,15 @@ impl Worker {
                     }
                 }
                 Command::Stop { index, reply } => {
+                    if index % 2 == 0 && self.rx_pending.take().is_some() {
+                        // The frame waiting for buffers goes with the queue's owner.
+                        if let Some(q) = &self.rx {
+                            q.metrics.add(&q.metrics.counters.dropped, 1);
+                        }
+                    }
+                    if index % 2 == 0 {
+                        self.rx_blocked = None;
+                    }
                     let slot = if index % 2 == 0 {
                         &mut self.rx
                     } else {
@@ -549,7 +580,10 @@ impl Worker {
                             &mut self.bounce,
                             &mut self.rx_chains,
                         )? {
+                            // No room in rx: leave the frame on tx until the guest posts more.
                             tx.queue.undo_pop(1);
+                            let rx = self.rx.as_mut().expect("checked above");
+                            self.rx_blocked = rx.queue.avail_idx().ok();
                             return Ok(());
                         }
                     }
@@ -617,6 +651,9 @@ impl Worker {
         }
         let hdr_len = net::hdr_len(rxq.queue.config().features());
         let metrics = rxq.metrics.clone();
+        if self.rx_still_blocked() {
+            return turn;
+        }
         let c = &metrics.counters;
         let mut bytes = 0u64;
         let rx = self.rx.as_mut().expect("checked by usable");
@@ -639,16 +676,24 @@ impl Worker {
                     n
                 }
                 Io::Tap(t) => {
-                    // Read the TAP only when the guest has posted buffers, so frames wait in
-                    // the kernel instead of being dropped here.
-                    if !rx.queue.avail_pending()? {
-                        return Ok(());
-                    }
-                    let Ok(n) = t.read(&mut self.bounce) else {
-                        return Ok(());
+                    let n = match self.rx_pending.take() {
+                        Some(n) => n,
+                        None => {
+                            // Read the TAP only when the guest has posted buffers, so frames
+                            // wait in the kernel instead of here.
+                            if !rx.queue.avail_pending()? {
+                                return Ok(());
+                            }
+                            let Ok(n) = t.read(&mut self.bounce) else {
+                                return Ok(());
+                            };
+                            n
+                        }
                     };
                     if !deliver(&self.shared, rx, &mut self.bounce[..n], &mut self.rx_chains)? {
-                        metrics.add(&c.dropped, 1);
+                        // Too few buffers for this frame: keep it until the guest posts more.
+                        self.rx_pending = Some(n);
+                        self.rx_blocked = Some(rx.queue.avail_idx()?);
                         return Ok(());
                     }
                     n
@@ -700,10 +745,17 @@ impl Worker {
                 // Seed 003: poll the host side for rx while waiting on tx, when the guest has
                 // posted buffers to receive into.
                 let active = self.pair < self.shared.active_pairs.load(Relaxed);
+                // Blocked: waiting for the guest to post more buffers than the avail index
+                // showed when rx last ran out of room.
+                let blocked = self
+                    .rx_blocked
+                    .is_some_and(|at| rx.queue.avail_idx().map_or(true, |now| now == at));
                 let host_ready = active
+                    && !blocked
                     && self.shared.config.poll_rx_from_tx
                     && match (&self.io, tap_fd) {
                         (Io::Null { .. }, _) => true,
+                        (Io::Tap(_), _) if self.rx_pending.is_some() => true,
                         (Io::Tap(_), Some(fd)) => spins.is_multiple_of(8) && sys::readable_now(fd),
                         _ => false,
                     };
@@ -752,10 +804,16 @@ impl Worker {
     /// Watches the TAP in epoll only while rx has buffers: a readable TAP with nowhere to put
     /// its frames must not wake us (level-triggered epoll would spin); the rx kick will.
     fn arm_tap(&mut self) {
+        if !matches!(self.io, Io::Tap(_)) {
+            return;
+        }
+        // With a frame already waiting for buffers, the TAP has nothing to tell us.
+        let want = self.rx_pending.is_none()
+            && !self.rx_still_blocked()
+            && self.rx.as_mut().is_some_and(|q| {
+                q.queue.broken().is_none() && q.queue.avail_pending().unwrap_or(false)
+            });
         let Io::Tap(t) = &self.io else { return };
-        let want = self.rx.as_mut().is_some_and(|q| {
-            q.queue.broken().is_none() && q.queue.avail_pending().unwrap_or(false)
-        });
         if want == self.tap_armed {
             return;
         }
@@ -782,13 +840,16 @@ impl Worker {
         });
         let active = self.pair < self.shared.active_pairs.load(Relaxed);
         let rx_bufs = active
+            && !self.rx_still_blocked()
             && self.rx.as_mut().is_some_and(|q| {
                 q.queue.broken().is_none() && q.queue.avail_pending().unwrap_or(false)
             });
         match &self.io {
             Io::Null { .. } => tx || rx_bufs,
             Io::Echo => tx && rx_bufs,
-            Io::Tap(t) => tx || (rx_bufs && sys::readable_now(t.as_raw_fd())),
+            Io::Tap(t) => {
+                tx || (rx_bufs && (self.rx_pending.is_some() || sys::readable_now(t.as_raw_fd())))
+            }
         }
     }
 
