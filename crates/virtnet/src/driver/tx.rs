@@ -40,10 +40,15 @@ pub struct TxQueue {
     reclaim_below: u16,
     /// The header last written into each buffer: an unchanged header is not written again.
     slot_hdr: Vec<Option<NetHdr>>,
+    /// The caller's tag for the frame body last written into each buffer (see
+    /// [`TxQueue::send_tagged`]).
+    slot_tag: Vec<Option<u64>>,
     stopped: bool,
     pending_kick: bool,
     /// The owner polls instead of sleeping: never ask the device for an interrupt.
     busy_poll: bool,
+    /// A stopped queue restarts once this many descriptors are free.
+    wake_at: u16,
     pub counters: Arc<QueueCounters>,
 }
 
@@ -84,9 +89,11 @@ impl TxQueue {
                 .min(size / 2)
                 .max(TX_WORST_CASE_DESCS.min(size)),
             slot_hdr: vec![None; size as usize],
+            slot_tag: vec![None; size as usize],
             stopped: false,
             pending_kick: false,
             busy_poll: false,
+            wake_at: TX_WORST_CASE_DESCS.min(size),
             counters: Arc::new(QueueCounters::default()),
         };
         // Completions are reclaimed from the transmit path; interrupts only while stopped.
@@ -110,6 +117,14 @@ impl TxQueue {
     /// completion interrupt: the device is spared the eventfd writes.
     pub fn set_busy_poll(&mut self, on: bool) {
         self.busy_poll = on;
+    }
+
+    /// Restarts a stopped queue only once `free` descriptors are free (at least a worst-case
+    /// packet's): hysteresis, so that a polling owner sends in bursts instead of a frame
+    /// per completion.
+    pub fn set_wake_threshold(&mut self, free: u16) {
+        let size = self.q.config().size();
+        self.wake_at = free.clamp(TX_WORST_CASE_DESCS.min(size), size);
     }
 
     pub fn is_stopped(&self) -> bool {
@@ -150,7 +165,7 @@ impl TxQueue {
             }
         }
         self.counters.completed.add(n as u64);
-        if self.stopped && self.has_room() {
+        if self.stopped && self.q.num_free() >= self.wake_at && self.has_room() {
             self.stopped = false;
             self.counters.wakes.add(1);
             self.q.disable_cb();
@@ -168,6 +183,28 @@ impl TxQueue {
     /// exposed to the device at once (avail index published); the kick waits for
     /// [`TxQueue::flush`], so a burst costs at most one kick.
     pub fn send(&mut self, frame: &[u8], hdr: NetHdr) -> Result<bool, DriverError> {
+        self.send_inner(frame, hdr, None)
+    }
+
+    /// Like [`TxQueue::send`] for a frame the caller sends again and again: `tag` names its
+    /// content, and a buffer that already holds the frame with that tag is not written again
+    /// (the device only reads tx buffers). A traffic generator's frames then cost the
+    /// descriptor only, as DPDK's txonly reuses its mbufs.
+    pub fn send_tagged(
+        &mut self,
+        frame: &[u8],
+        hdr: NetHdr,
+        tag: u64,
+    ) -> Result<bool, DriverError> {
+        self.send_inner(frame, hdr, Some(tag))
+    }
+
+    fn send_inner(
+        &mut self,
+        frame: &[u8],
+        hdr: NetHdr,
+        tag: Option<u64>,
+    ) -> Result<bool, DriverError> {
         if self.q.num_free() < self.reclaim_below || self.stopped {
             self.reclaim(TX_RECLAIM_BUDGET)?;
         }
@@ -195,10 +232,18 @@ impl TxQueue {
             *hdr_slot = Some(hdr);
             self.mem.write(at, &hdr.to_bytes()[..self.hdr_len])
         }
-        .and_then(|()| self.mem.write(body, frame));
+        .and_then(|()| {
+            let tag_slot = &mut self.slot_tag[slot as usize];
+            if tag.is_some() && *tag_slot == tag {
+                return Ok(());
+            }
+            *tag_slot = tag;
+            self.mem.write(body, frame)
+        });
         let len = (self.hdr_len + frame.len()) as u32;
         if let Err(e) = written.and_then(|()| self.q.add(&[Buf::new(at, len)], &[], slot)) {
             self.slot_hdr[slot as usize] = None;
+            self.slot_tag[slot as usize] = None;
             self.pool.free.push(slot);
             return Err(ring_error(self.vq, &self.counters, e));
         }
