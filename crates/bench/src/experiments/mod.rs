@@ -4,7 +4,11 @@
 //! Experiment 0 measures the ring engine alone. The seed techniques (issue 5) are to follow as
 //! experiments 1 to 6, each a module here with an entry in [`ALL`].
 
+pub mod common;
+pub mod ctrl;
+pub mod event_idx;
 pub mod ring;
+pub mod used_batch;
 
 use serde::Serialize;
 
@@ -41,7 +45,12 @@ pub struct Experiment {
 }
 
 /// Every experiment, by number.
-pub const ALL: &[Experiment] = &[ring::EXPERIMENT];
+pub const ALL: &[Experiment] = &[
+    ring::EXPERIMENT,
+    event_idx::EXPERIMENT,
+    used_batch::EXPERIMENT,
+    ctrl::EXPERIMENT,
+];
 
 /// The experiments numbered in `only`, in that order; all of them when `only` is empty.
 pub fn select(only: &[u32]) -> Result<Vec<&'static Experiment>, BenchError> {
