@@ -112,10 +112,34 @@ fn ctrl(r: &Value) {
     }
 }
 
+/// Busy polling: every timeout ran and moved transactions (rates are times: not compared).
+fn busy_poll(r: &Value) {
+    let sweep = r["sweep"].as_array().expect("sweep");
+    assert_eq!(sweep.len(), 5);
+    for s in sweep {
+        assert!(sum(&s["runs"], &["transactions"]) > 0, "{s}");
+    }
+    // With busy polling on, the worker finds some work while polling; with it off, never.
+    assert_eq!(sum(&sweep[0]["runs"], &["busy_poll_hits"]), 0);
+    assert_eq!(r["contended"].as_array().expect("contended").len(), 3);
+}
+
+/// Rx from tx: both directions moved frames in both modes.
+fn rx_from_tx(r: &Value) {
+    for m in r["modes"].as_array().expect("modes") {
+        for run in m["runs"].as_array().expect("runs") {
+            assert!(run["tx_gbps"].as_f64().unwrap() > 0.0, "{run}");
+            assert!(run["rx_gbps"].as_f64().unwrap() > 0.0, "{run}");
+        }
+    }
+}
+
 #[test]
 fn seed_experiments_quick_json() {
-    let r = results("1,2,5");
+    let r = results("1,2,3,4,5");
     event_idx(&r[0]);
     used_batch(&r[1]);
-    ctrl(&r[2]);
+    busy_poll(&r[2]);
+    rx_from_tx(&r[3]);
+    ctrl(&r[4]);
 }

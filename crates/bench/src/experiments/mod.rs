@@ -4,10 +4,12 @@
 //! Experiment 0 measures the ring engine alone. The seed techniques (issue 5) are to follow as
 //! experiments 1 to 6, each a module here with an entry in [`ALL`].
 
+pub mod busy_poll;
 pub mod common;
 pub mod ctrl;
 pub mod event_idx;
 pub mod ring;
+pub mod rx_from_tx;
 pub mod used_batch;
 
 use serde::Serialize;
@@ -49,6 +51,8 @@ pub const ALL: &[Experiment] = &[
     ring::EXPERIMENT,
     event_idx::EXPERIMENT,
     used_batch::EXPERIMENT,
+    busy_poll::EXPERIMENT,
+    rx_from_tx::EXPERIMENT,
     ctrl::EXPERIMENT,
 ];
 

@@ -1,0 +1,284 @@
+//! Experiment 3, busy polling (seed 000): our backend with echo io answers request-response
+//! traffic from our driver (`gen rr`, 64 B, one transaction in flight, the driver sleeping on
+//! interrupts as a guest kernel would). The backend busy-polls for `busy_poll_us` after each
+//! turn before sleeping. Also the seed's contended case: two backends whose workers are pinned
+//! to one CPU, two rr loads at once, aggregate rate.
+
+use std::time::Duration;
+
+use serde::Serialize;
+use virtnet::backend::{BackendConfig, IoMode};
+use virtnet::gen::{GenReport, Mode};
+
+use super::common::{gen_config, process_cpu_s, run_gen, spread, LocalBackend, SeedComparison};
+use super::{Experiment, Options, Outcome, Progress};
+use crate::summary::Summary;
+use crate::table::Table;
+use crate::BenchError;
+
+pub const EXPERIMENT: Experiment = Experiment {
+    id: 3,
+    name: "busy-poll",
+    summary: "seed 000: backend busy-poll timeout sweep, request-response rate, latency, device CPU; contended case",
+    run,
+};
+
+pub const TIMEOUTS_US: [u32; 5] = [0, 10, 20, 50, 100];
+pub const CONTENDED_US: [u32; 3] = [0, 20, 50];
+/// Seed: TCP_RR +8..16% (1 session, 64 B: +10%) at 50 us; contended, 50 us: 13966.76+13987.31
+/// -> 15103.98+15103.73 transactions/s.
+pub const SEED_RR: (f64, f64) = (1.0, 1.10);
+pub const SEED_CONTENDED: (f64, f64) = (27954.07, 30207.71);
+
+#[derive(Debug, Serialize)]
+pub struct RrRun {
+    pub secs: f64,
+    pub transactions: u64,
+    pub p50_us: f64,
+    pub p99_us: f64,
+    /// Process CPU time minus the generator threads', per transaction: the device's share
+    /// (its workers and the vhost-user thread), in microseconds.
+    pub device_cpu_us_per_transaction: f64,
+    pub busy_poll_hits: u64,
+    pub device_kicks: u64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct SweepResult {
+    pub busy_poll_us: u32,
+    pub transactions_per_s: Summary,
+    pub p50_us: Summary,
+    pub p99_us: Summary,
+    pub device_cpu_us_per_transaction: Summary,
+    pub runs: Vec<RrRun>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ContendedResult {
+    pub busy_poll_us: u32,
+    pub aggregate_transactions_per_s: Summary,
+    pub runs: Vec<[f64; 2]>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Results {
+    pub secs_per_run: f64,
+    pub repeats: u32,
+    /// Sweep: driver threads pinned to CPU 0, the backend worker to CPU 1.
+    pub pinned: bool,
+    pub sweep: Vec<SweepResult>,
+    pub contended_cpu: usize,
+    pub contended: Vec<ContendedResult>,
+    pub seed_rr: SeedComparison,
+    pub seed_contended: SeedComparison,
+}
+
+fn backend(busy_poll_us: u32, worker_cpu: Option<usize>) -> Result<LocalBackend, BenchError> {
+    LocalBackend::start(
+        "busypoll",
+        BackendConfig {
+            io: IoMode::Echo,
+            busy_poll_us,
+            worker_cpu,
+            ..Default::default()
+        },
+    )
+}
+
+fn transactions(r: &GenReport) -> u64 {
+    (r.summary.rtt_per_s * r.elapsed_s).round() as u64
+}
+
+fn one(busy_poll_us: u32, secs: f64, pinned: bool) -> Result<RrRun, BenchError> {
+    let b = backend(busy_poll_us, pinned.then_some(1))?;
+    let cpu0 = process_cpu_s();
+    let cfg = gen_config(&b.socket, Mode::Rr, secs);
+    // The generator's threads inherit the CPU mask of the thread that starts them.
+    let r = std::thread::spawn(move || {
+        if pinned {
+            virtnet::sys::pin_thread(0).map_err(BenchError::io("pin the driver to CPU 0"))?;
+        }
+        run_gen(cfg)
+    })
+    .join()
+    .map_err(|_| BenchError::PeerFailed)??;
+    let cpu = process_cpu_s() - cpu0;
+    let gen_cpu = r.cpu_pct / 100.0 * r.elapsed_s + r.ctrl_cpu_s;
+    let n = transactions(&r);
+    let lat = r.latency.unwrap_or_default();
+    Ok(RrRun {
+        secs: r.elapsed_s,
+        transactions: n,
+        p50_us: lat.p50_us,
+        p99_us: lat.p99_us,
+        device_cpu_us_per_transaction: (cpu - gen_cpu).max(0.0) * 1e6 / n.max(1) as f64,
+        busy_poll_hits: b.counter("tx", |c| c.busy_poll_hits)
+            + b.counter("rx", |c| c.busy_poll_hits),
+        device_kicks: b.counter("tx", |c| c.kicks) + b.counter("rx", |c| c.kicks),
+    })
+}
+
+fn contended(busy_poll_us: u32, cpu: usize, secs: f64) -> Result<[f64; 2], BenchError> {
+    let b = [
+        backend(busy_poll_us, Some(cpu))?,
+        backend(busy_poll_us, Some(cpu))?,
+    ];
+    let loads: Vec<_> = b
+        .iter()
+        .map(|b| {
+            let cfg = gen_config(&b.socket, Mode::Rr, secs);
+            std::thread::spawn(move || run_gen(cfg))
+        })
+        .collect();
+    let mut rates = [0.0; 2];
+    for (i, l) in loads.into_iter().enumerate() {
+        let r = l.join().map_err(|_| BenchError::PeerFailed)??;
+        rates[i] = r.summary.rtt_per_s;
+    }
+    Ok(rates)
+}
+
+fn summary(v: impl Iterator<Item = f64>) -> Summary {
+    Summary::of(&v.collect::<Vec<_>>()).expect("runs")
+}
+
+pub fn measure(o: &Options, progress: Progress<'_>) -> Result<Results, BenchError> {
+    let (secs, repeats) = if o.quick { (0.15, 1) } else { (0.8, 3) };
+    let repeats = o.repeats.unwrap_or(repeats).max(1);
+    let cpu = 0;
+    let pinned = std::thread::available_parallelism().map_or(1, |n| n.get()) >= 2;
+    let mut sweep: Vec<Vec<RrRun>> = TIMEOUTS_US.iter().map(|_| Vec::new()).collect();
+    let mut cont: Vec<Vec<[f64; 2]>> = CONTENDED_US.iter().map(|_| Vec::new()).collect();
+    for rep in 1..=repeats {
+        for (i, &us) in TIMEOUTS_US.iter().enumerate() {
+            progress(&format!("[{rep}/{repeats}] rr, busy poll {us} us"));
+            sweep[i].push(one(us, secs, pinned)?);
+        }
+        for (i, &us) in CONTENDED_US.iter().enumerate() {
+            progress(&format!(
+                "[{rep}/{repeats}] contended rr, two devices on CPU {cpu}, busy poll {us} us"
+            ));
+            cont[i].push(contended(us, cpu, secs)?);
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    let sweep: Vec<SweepResult> = TIMEOUTS_US
+        .iter()
+        .zip(sweep)
+        .map(|(&busy_poll_us, runs)| SweepResult {
+            busy_poll_us,
+            transactions_per_s: summary(runs.iter().map(|r| r.transactions as f64 / r.secs)),
+            p50_us: summary(runs.iter().map(|r| r.p50_us)),
+            p99_us: summary(runs.iter().map(|r| r.p99_us)),
+            device_cpu_us_per_transaction: summary(
+                runs.iter().map(|r| r.device_cpu_us_per_transaction),
+            ),
+            runs,
+        })
+        .collect();
+    let contended: Vec<ContendedResult> = CONTENDED_US
+        .iter()
+        .zip(cont)
+        .map(|(&busy_poll_us, runs)| ContendedResult {
+            busy_poll_us,
+            aggregate_transactions_per_s: summary(runs.iter().map(|r| r[0] + r[1])),
+            runs,
+        })
+        .collect();
+    let at = |us: u32| {
+        sweep
+            .iter()
+            .find(|s| s.busy_poll_us == us)
+            .expect("timeout")
+            .transactions_per_s
+            .median
+    };
+    let seed_rr = SeedComparison::new(
+        "rr transactions/s, busy poll 0 -> 50 us (seed: TCP_RR 64 B, +10%)",
+        SEED_RR,
+        (at(0), at(50)),
+    );
+    let cat = |us: u32| {
+        contended
+            .iter()
+            .find(|s| s.busy_poll_us == us)
+            .expect("timeout")
+            .aggregate_transactions_per_s
+            .median
+    };
+    let seed_contended = SeedComparison::new(
+        "contended aggregate transactions/s, 0 -> 50 us",
+        SEED_CONTENDED,
+        (cat(0), cat(50)),
+    );
+    Ok(Results {
+        secs_per_run: secs,
+        repeats,
+        pinned,
+        sweep,
+        contended_cpu: cpu,
+        contended,
+        seed_rr,
+        seed_contended,
+    })
+}
+
+pub fn tables(r: &Results) -> Vec<Table> {
+    let mut t = Table::new(
+        "3. Busy polling (seed 000): backend echo, driver rr (64 B, 1 in flight, driver sleeping on interrupts)",
+        &[
+            "busy poll us",
+            "transactions/s",
+            "p50 us",
+            "p99 us",
+            "device CPU us/transaction",
+        ],
+    );
+    for s in &r.sweep {
+        t.row(vec![
+            s.busy_poll_us.to_string(),
+            s.transactions_per_s.display(0),
+            s.p50_us.display(1),
+            s.p99_us.display(1),
+            s.device_cpu_us_per_transaction.display(1),
+        ]);
+    }
+    t.note(format!(
+        "{} of {:.2} s; device CPU = process CPU (10 ms ticks) minus the driver threads' CPU time.",
+        spread(r.repeats),
+        r.secs_per_run
+    ));
+    t.note(if r.pinned {
+        "driver threads pinned to CPU 0, backend worker to CPU 1 (as the seed's vCPU and vhost thread: one CPU each)."
+    } else {
+        "NOT pinned (fewer than 2 CPUs)."
+    });
+    t.note(r.seed_rr.note(2));
+    let mut c = Table::new(
+        format!(
+            "3b. Busy polling, contended: two backends' workers pinned to CPU {}, two rr loads at once",
+            r.contended_cpu
+        ),
+        &["busy poll us", "aggregate transactions/s"],
+    );
+    for s in &r.contended {
+        c.row(vec![
+            s.busy_poll_us.to_string(),
+            s.aggregate_transactions_per_s.display(0),
+        ]);
+    }
+    c.note(format!(
+        "{}; the driver threads are not pinned (2 CPUs: they share them with the workers).",
+        spread(r.repeats)
+    ));
+    c.note(r.seed_contended.note(0));
+    vec![t, c]
+}
+
+fn run(o: &Options, progress: Progress<'_>) -> Result<Outcome, BenchError> {
+    let r = measure(o, progress)?;
+    Ok(Outcome {
+        tables: tables(&r),
+        json: serde_json::to_value(&r).map_err(|e| BenchError::Inconsistent(e.to_string()))?,
+    })
+}
