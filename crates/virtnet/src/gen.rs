@@ -309,6 +309,11 @@ struct WorkerResult {
 
 /// How long an rr frame may take before it counts as lost.
 const RR_LOSS_TIMEOUT: Duration = Duration::from_millis(200);
+/// Frames per rx poll round: the ring is refilled after each round, so a round much shorter
+/// than the ring keeps the device supplied with buffers (Linux's NAPI weight is 64; DPDK
+/// refills every 32).
+const RX_BUDGET: usize = 64;
+
 /// How long a sleeping thread waits before re-checking the stop flag.
 const IDLE_WAIT_MS: i32 = 10;
 
@@ -528,8 +533,8 @@ fn worker(
         }
         Mode::RxOnly => {
             while !stop.load(Relaxed) {
-                let n = rx_poll(&mut p.rx, 256)?;
-                if n < 256 && !cfg.busy_poll {
+                let n = rx_poll(&mut p.rx, RX_BUDGET)?;
+                if n < RX_BUDGET && !cfg.busy_poll {
                     p.rx.wait(IDLE_WAIT_MS);
                 }
             }
@@ -538,8 +543,8 @@ fn worker(
             use std::os::fd::AsRawFd;
             while !stop.load(Relaxed) {
                 let sent = transmit_burst(&mut p, &frame, cfg.burst)?;
-                let got = rx_poll(&mut p.rx, 256)?;
-                if sent == 0 && got < 256 && !cfg.busy_poll {
+                let got = rx_poll(&mut p.rx, RX_BUDGET)?;
+                if sent == 0 && got < RX_BUDGET && !cfg.busy_poll {
                     let fds = [p.rx.call_fd().as_raw_fd(), p.tx.call_fd().as_raw_fd()];
                     let ready = crate::sys::poll_readable(&fds, IDLE_WAIT_MS);
                     if ready & 1 != 0 {
@@ -592,7 +597,7 @@ fn worker(
     if cfg.mode != Mode::TxOnly {
         let idle_until = Instant::now() + Duration::from_millis(20);
         while Instant::now() < idle_until {
-            if rx_poll(&mut p.rx, 256)? == 0 {
+            if rx_poll(&mut p.rx, RX_BUDGET)? == 0 {
                 if busy {
                     std::thread::sleep(Duration::from_millis(1));
                 } else {

@@ -32,6 +32,14 @@ use virtnet::driver::{CtrlMode, DriverConfig, NetDriver};
 use virtnet::gen::{self, GenConfig, GenReport, Mode};
 use virtnet::net::ctrl::{Coalesce, Command};
 
+/// The 1-minute load average: the machine is shared, and the figures move with it.
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().next().map(str::to_string))
+        .unwrap_or_default()
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -158,8 +166,9 @@ fn driver_vs_dpdk_virtio_user() {
     let repeats = std::env::var("VIRTNET_BENCH_REPEATS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(2);
+        .unwrap_or(3);
     let mut rows = Vec::new();
+    let load_before = loadavg();
     for size in [64usize, 1500] {
         for d in [Dir::DriverTx, Dir::DriverRx] {
             let (mut ours, mut theirs) = (Vec::new(), Vec::new());
@@ -172,7 +181,10 @@ fn driver_vs_dpdk_virtio_user() {
                 };
                 for peer in order {
                     let m = vhost_rate(size, d, peer, &dir);
-                    report(&format!("{size} B {d:?} {peer:?}: {m:.3} Mpps"));
+                    report(&format!(
+                        "{size} B {d:?} {peer:?}: {m:.3} Mpps (load {})",
+                        loadavg()
+                    ));
                     match peer {
                         Peer::Ours => ours.push(m),
                         Peer::VirtioUser => theirs.push(m),
@@ -182,6 +194,10 @@ fn driver_vs_dpdk_virtio_user() {
             rows.push((size, d, median(ours), median(theirs)));
         }
     }
+    println!(
+        "\n{repeats} runs each, interleaved; medians. Load average {load_before} before, {} after.",
+        loadavg()
+    );
     println!("\n| frame | direction | virtnet driver Mpps | DPDK virtio-user Mpps | ratio |");
     println!("|---|---|---|---|---|");
     for (size, d, o, t) in rows {
