@@ -124,12 +124,12 @@ fn one(
 }
 
 pub fn measure(o: &Options, progress: Progress<'_>) -> Result<Results, BenchError> {
-    // 1 submitter: `n1` commands in a row; 64 submitters: 2 each (128 commands, in flight
-    // together up to the queue's capacity).
+    // 1 submitter: `n1` commands in a row; 64 submitters: `n64` each (in flight together up
+    // to the queue's capacity).
     let (delay_us, n1, n64, repeats) = if o.quick {
         (2_000, 10, 1, 1)
     } else {
-        (5_000, 40, 2, 3)
+        (2_000, 20, 1, 3)
     };
     let repeats = o.repeats.unwrap_or(repeats).max(1);
     let b = LocalBackend::start(
