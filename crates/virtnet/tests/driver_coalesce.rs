@@ -21,8 +21,8 @@ use virtnet::driver::{CtrlMode, DriverConfig, NetDriver, RxQueue, TxQueue};
 use virtnet::net::ctrl::Coalesce;
 use virtnet::net::NetHdr;
 
-const GAP: Duration = Duration::from_micros(100);
-const MAX_USECS: u32 = 5000;
+const GAP: Duration = Duration::from_micros(200);
+const MAX_USECS: u32 = 8000;
 const MARGIN: Duration = Duration::from_millis(50);
 
 /// Receives until `stop`, NAPI-style, recording when each frame (by sequence number) arrived.
