@@ -106,6 +106,10 @@ pub enum GenError {
     },
     #[error("queue pair {pair}: {source}")]
     Queue { pair: u16, source: DriverError },
+    #[error("the device broke a queue: {reason}")]
+    Broken { reason: String },
+    #[error("cannot start a thread: {0}")]
+    Thread(String),
 }
 
 /// Rates over one interval (per second) or over the whole run.
@@ -394,7 +398,7 @@ pub fn run(config: &GenConfig, on_second: &mut dyn FnMut(&Rates)) -> Result<GenR
                 .name(format!("gen-pair{pair}"))
                 .spawn(move || worker(p, &cfg, dst, src, &stop, &rt))
                 .map(|t| (pair, t))
-                .map_err(|e| GenError::Options(format!("cannot start a thread: {e}")))
+                .map_err(|e| GenError::Thread(e.to_string()))
         })
         .collect::<Result<_, _>>()?;
 
@@ -462,8 +466,7 @@ pub fn run(config: &GenConfig, on_second: &mut dyn FnMut(&Rates)) -> Result<GenR
                 first_err.get_or_insert(GenError::Queue { pair, source: e });
             }
             Err(_) => {
-                first_err
-                    .get_or_insert(GenError::Options(format!("pair {pair}'s thread panicked")));
+                first_err.get_or_insert(GenError::Thread(format!("pair {pair}'s thread panicked")));
             }
         }
     }
@@ -471,7 +474,7 @@ pub fn run(config: &GenConfig, on_second: &mut dyn FnMut(&Rates)) -> Result<GenR
         return Err(e);
     }
     if let Some(reason) = broken {
-        return Err(GenError::Options(format!("a queue broke: {reason}")));
+        return Err(GenError::Broken { reason });
     }
     let summary = Rates::between(
         &first,
