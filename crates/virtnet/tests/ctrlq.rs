@@ -253,3 +253,62 @@ fn promisc_off_filters_frames_to_other_macs() {
     assert_eq!(b.device.reports()[0].counters.filtered, 1);
     assert!(!b.device.device_report().promisc);
 }
+
+#[test]
+fn without_mq_the_control_queue_is_virtqueue_2() {
+    // A two-pair device, and a driver that does not negotiate MQ: its control queue is
+    // virtqueue 2 (spec 5.1.2), not 2 * max_virtqueue_pairs.
+    let b = start_backend(
+        "ctrl-nomq",
+        BackendConfig {
+            pairs: 2,
+            io: IoMode::Echo,
+            ..Default::default()
+        },
+    );
+    let wanted = Features::VERSION_1
+        | Features::NET_MRG_RXBUF
+        | Features::NET_CTRL_VQ
+        | Features::NET_VQ_NOTF_COAL;
+    let mut conn = Connection::connect(
+        &b.socket,
+        3,
+        256,
+        wanted,
+        Features::NET_CTRL_VQ,
+        32 << 20,
+        Duration::from_secs(5),
+    )
+    .unwrap();
+    assert!(!conn.features.contains(Features::NET_MQ));
+    let mem = conn.mem.clone();
+    let q = DriverQueue::activate(&conn.queues[2].config, mem, None).unwrap();
+    let buf = conn.alloc.alloc(4096, 64).unwrap();
+    let kick = conn.queues[2].kick.try_clone().unwrap();
+    for i in 0..3 {
+        conn.start_queue(i).unwrap();
+    }
+    let mut c = Ctrl { q, kick, buf };
+    let coal = Coalesce {
+        max_packets: 8,
+        max_usecs: 100,
+    };
+    assert_eq!(
+        command(
+            &conn,
+            &mut c,
+            &Command::VqNotfCoalSet { vqn: 0, coal }.encode(),
+            0
+        )
+        .0,
+        ctrl::OK
+    );
+    let r = b.device.reports();
+    assert_eq!(r[0].coalesce_max_packets, 8);
+    assert_eq!(r[4].kind, "ctrl");
+    assert_eq!(
+        r[4].counters.ctrl_commands, 1,
+        "answered by the control queue"
+    );
+    assert_eq!(r[2].counters.packets, 0, "not taken for pair 1's rx queue");
+}

@@ -9,6 +9,7 @@ use std::sync::atomic::{fence, Ordering::SeqCst};
 use std::sync::Arc;
 
 use crate::chain::Chain;
+use crate::error::Broken;
 use crate::event::vring_need_event;
 use crate::layout::{AVAIL_F_NO_INTERRUPT, USED_F_NO_NOTIFY};
 use crate::ring::Rings;
@@ -59,7 +60,7 @@ pub struct DeviceQueue {
     signalled_used: u16,
     signalled_used_valid: bool,
     used_flags: u16,
-    broken: Option<Error>,
+    broken: Broken,
     stats: DeviceStats,
 }
 
@@ -86,7 +87,7 @@ impl DeviceQueue {
             signalled_used: next_used,
             signalled_used_valid: false,
             used_flags: 0,
-            broken: None,
+            broken: Broken::default(),
             stats: DeviceStats::default(),
             config: *config,
             rings,
@@ -109,29 +110,13 @@ impl DeviceQueue {
     }
     /// The first protocol violation, if the queue is broken.
     pub fn broken(&self) -> Option<&Error> {
-        self.broken.as_ref()
+        self.broken.get()
     }
 
     /// Sets how many used entries are written before `used.idx` is published (1 = publish
     /// every entry). Clamped to 1..=queue size.
     pub fn set_used_batch(&mut self, batch: u16) {
         self.batch = batch.clamp(1, self.config.size());
-    }
-
-    #[inline]
-    fn check_broken(&self) -> Result<(), Error> {
-        match &self.broken {
-            None => Ok(()),
-            Some(reason) => Err(Error::Broken {
-                reason: Box::new(reason.clone()),
-            }),
-        }
-    }
-
-    #[cold]
-    fn fail(&mut self, e: Error) -> Error {
-        self.broken = Some(e.clone());
-        e
     }
 
     /// Reads `avail.idx` and checks it; returns whether entries are ready.
@@ -142,7 +127,7 @@ impl DeviceQueue {
         let idx = self.rings.avail_idx_acquire();
         if idx.wrapping_sub(self.last_avail) > self.config.size() {
             let size = self.config.size();
-            return Err(self.fail(Error::AvailIdxOutOfRange {
+            return Err(self.broken.set(Error::AvailIdxOutOfRange {
                 avail_idx: idx,
                 last_avail: self.last_avail,
                 size,
@@ -156,7 +141,7 @@ impl DeviceQueue {
     /// value says empty). For busy polling.
     #[inline]
     pub fn avail_pending(&mut self) -> Result<bool, Error> {
-        self.check_broken()?;
+        self.broken.check()?;
         if self.last_avail != self.avail_cache {
             return Ok(true);
         }
@@ -166,7 +151,7 @@ impl DeviceQueue {
     /// The driver's latest avail index (read and checked now): lets a caller that is waiting
     /// for more buffers tell whether any were added.
     pub fn avail_idx(&mut self) -> Result<u16, Error> {
-        self.check_broken()?;
+        self.broken.check()?;
         self.refresh_avail()?;
         Ok(self.avail_cache)
     }
@@ -175,19 +160,19 @@ impl DeviceQueue {
     /// the ring is empty. Any malformed chain breaks the queue.
     #[inline]
     pub fn pop_into(&mut self, chain: &mut Chain) -> Result<bool, Error> {
-        self.check_broken()?;
+        self.broken.check()?;
         if self.last_avail == self.avail_cache && !self.refresh_avail()? {
             return Ok(false);
         }
         let head = self.rings.avail_entry(self.last_avail & self.mask);
         if head > self.mask {
-            return Err(self.fail(Error::HeadOutOfRange {
+            return Err(self.broken.set(Error::HeadOutOfRange {
                 head,
                 size: self.config.size(),
             }));
         }
         if let Err(e) = chain.walk(&self.rings, &self.mem, self.indirect, head) {
-            return Err(self.fail(e));
+            return Err(self.broken.set(e));
         }
         self.last_avail = self.last_avail.wrapping_add(1);
         self.stats.popped += 1;
@@ -210,7 +195,7 @@ impl DeviceQueue {
     /// part. `used.idx` is published when the batch is full, or by [`DeviceQueue::flush`].
     #[inline]
     pub fn add_used(&mut self, head: u16, len: u32) -> Result<(), Error> {
-        self.check_broken()?;
+        self.broken.check()?;
         self.rings
             .set_used_elem(self.next_used & self.mask, head as u32, len);
         self.next_used = self.next_used.wrapping_add(1);
@@ -244,7 +229,7 @@ impl DeviceQueue {
     /// Publishes pending used entries, then says whether the driver asked to be notified of
     /// them: through `used_event` with EVENT_IDX, else through the NO_INTERRUPT flag.
     pub fn needs_notification(&mut self) -> bool {
-        if self.broken.is_some() {
+        if self.broken.get().is_some() {
             return false;
         }
         self.flush();
@@ -280,7 +265,7 @@ impl DeviceQueue {
     /// Returns whether chains are pending, in which case the caller must keep processing
     /// instead of sleeping. Also flushes the used batch, since the caller is about to wait.
     pub fn enable_notification(&mut self) -> Result<bool, Error> {
-        self.check_broken()?;
+        self.broken.check()?;
         self.flush();
         if self.event_idx {
             self.rings.set_avail_event(self.avail_cache);

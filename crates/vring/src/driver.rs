@@ -7,6 +7,7 @@
 use std::sync::atomic::{fence, AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
 use std::sync::Arc;
 
+use crate::error::Broken;
 use crate::event::vring_need_event;
 use crate::layout::{
     AVAIL_F_NO_INTERRUPT, DESC_F_INDIRECT, DESC_F_NEXT, DESC_F_WRITE, DESC_SIZE, USED_F_NO_NOTIFY,
@@ -91,7 +92,7 @@ pub struct DriverQueue<T> {
     last_used: u16,
     used_cache: u16,
     avail_flags_shadow: u16,
-    broken: Option<Error>,
+    broken: Broken,
     stats: DriverStats,
     _mem: Arc<GuestMemory>,
 }
@@ -154,7 +155,7 @@ impl<T> DriverQueue<T> {
             last_used: 0,
             used_cache: 0,
             avail_flags_shadow: 0,
-            broken: None,
+            broken: Broken::default(),
             stats: DriverStats::default(),
             config: *config,
             rings,
@@ -169,7 +170,7 @@ impl<T> DriverQueue<T> {
         self.stats
     }
     pub fn broken(&self) -> Option<&Error> {
-        self.broken.as_ref()
+        self.broken.get()
     }
     /// Free descriptors (the capacity API of seed 002). An indirect chain takes one.
     pub fn num_free(&self) -> u16 {
@@ -194,25 +195,10 @@ impl<T> DriverQueue<T> {
         self.publish_on_kick = on;
     }
 
-    fn check_broken(&self) -> Result<(), Error> {
-        match &self.broken {
-            None => Ok(()),
-            Some(reason) => Err(Error::Broken {
-                reason: Box::new(reason.clone()),
-            }),
-        }
-    }
-
-    #[cold]
-    fn fail(&mut self, e: Error) -> Error {
-        self.broken = Some(e.clone());
-        e
-    }
-
     /// Exposes a chain: `out` buffers the device reads, then `in_` buffers it writes. Uses an
     /// indirect table when negotiated and the chain has more than one buffer.
     pub fn add(&mut self, out: &[Buf], in_: &[Buf], token: T) -> Result<(), Error> {
-        self.check_broken()?;
+        self.broken.check()?;
         let total = out.len() + in_.len();
         if total == 0 {
             return Err(Error::EmptyChain);
@@ -343,7 +329,7 @@ impl<T> DriverQueue<T> {
     /// Reclaims the next used chain: its token and the bytes the device wrote. Any bad used
     /// element (index, id, length) breaks the queue.
     pub fn get_used(&mut self) -> Result<Option<(T, u32)>, Error> {
-        self.check_broken()?;
+        self.broken.check()?;
         if self.last_used == self.used_cache {
             // Acquire pairs with the device's release store of used.idx (flush): the used
             // elements are visible once we see the index.
@@ -351,7 +337,7 @@ impl<T> DriverQueue<T> {
             let in_flight = self.in_flight();
             if idx.wrapping_sub(self.last_used) > in_flight {
                 let size = self.config.size();
-                return Err(self.fail(Error::UsedIdxOutOfRange {
+                return Err(self.broken.set(Error::UsedIdxOutOfRange {
                     used_idx: idx,
                     last_used: self.last_used,
                     size,
@@ -364,18 +350,18 @@ impl<T> DriverQueue<T> {
         }
         let (id, len) = self.rings.used_elem(self.last_used & self.mask);
         if id > self.mask as u32 {
-            return Err(self.fail(Error::UsedIdOutOfRange {
+            return Err(self.broken.set(Error::UsedIdOutOfRange {
                 id,
                 size: self.config.size(),
             }));
         }
         let slot = &self.slots[id as usize];
         if slot.token.is_none() {
-            return Err(self.fail(Error::UsedIdNotInFlight { id }));
+            return Err(self.broken.set(Error::UsedIdNotInFlight { id }));
         }
         if len as u64 > slot.writable {
             let max = slot.writable.min(u32::MAX as u64) as u32;
-            return Err(self.fail(Error::UsedLenTooLarge { id, len, max }));
+            return Err(self.broken.set(Error::UsedLenTooLarge { id, len, max }));
         }
         let token = self.detach(id as u16);
         self.last_used = self.last_used.wrapping_add(1);
@@ -472,7 +458,7 @@ impl<T> DriverQueue<T> {
         self.force_kick = false;
         self.last_used = 0;
         self.used_cache = 0;
-        self.broken = None;
+        self.broken = Broken::default();
         self.rings.set_avail_idx_release(0);
         self.rings.set_used_idx_release(0);
         tokens

@@ -131,3 +131,31 @@ impl Error {
         }
     }
 }
+
+/// A queue's broken state: the first protocol violation, kept until the queue is rebuilt.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct Broken(Option<Error>);
+
+impl Broken {
+    /// Fails with `Error::Broken` once the queue is broken.
+    #[inline]
+    pub fn check(&self) -> Result<(), Error> {
+        match &self.0 {
+            None => Ok(()),
+            Some(reason) => Err(Error::Broken {
+                reason: Box::new(reason.clone()),
+            }),
+        }
+    }
+
+    /// Breaks the queue with `e`, and returns `e` for the caller to report.
+    #[cold]
+    pub fn set(&mut self, e: Error) -> Error {
+        self.0 = Some(e.clone());
+        e
+    }
+
+    pub fn get(&self) -> Option<&Error> {
+        self.0.as_ref()
+    }
+}

@@ -16,7 +16,7 @@ use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::EventFd;
 use vring::{Chain, Error as RingError, GuestMemory, Segment};
 
-use super::worker::{break_queue, notify, Command, QueueRuntime};
+use super::worker::{break_queue, install_queue, notify, retire_queue, Command, QueueRuntime};
 use super::Shared;
 use crate::net::ctrl::{self, Coalesce, Command as CtrlCommand};
 
@@ -125,32 +125,9 @@ impl CtrlWorker {
     fn handle_commands(&mut self) -> bool {
         while let Ok(cmd) = self.commands.try_recv() {
             match cmd {
-                Command::Start(q) => {
-                    let _ = self.epoll.ctl(
-                        ControlOperation::Add,
-                        q.kick.as_raw_fd(),
-                        EpollEvent::new(EventSet::IN, EV_KICK),
-                    );
-                    q.metrics.clear_broken();
-                    if let Some(old) = self.queue.replace(*q) {
-                        let _ = self.epoll.ctl(
-                            ControlOperation::Delete,
-                            old.kick.as_raw_fd(),
-                            EpollEvent::default(),
-                        );
-                    }
-                }
+                Command::Start(q) => install_queue(&self.epoll, &mut self.queue, *q, EV_KICK),
                 Command::Stop { reply, .. } => {
-                    let next = self.queue.take().map(|mut q| {
-                        q.queue.flush();
-                        let _ = self.epoll.ctl(
-                            ControlOperation::Delete,
-                            q.kick.as_raw_fd(),
-                            EpollEvent::default(),
-                        );
-                        q.queue.next_avail()
-                    });
-                    let _ = reply.send(next);
+                    let _ = reply.send(self.queue.take().map(|q| retire_queue(&self.epoll, q)));
                 }
                 Command::Shutdown => return false,
             }

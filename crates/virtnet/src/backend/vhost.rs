@@ -125,22 +125,37 @@ impl Connection {
             .ok_or(VuError::InvalidParam)?;
         let call = v.call.as_ref().and_then(|f| f.try_clone().ok());
         let err = v.err.as_ref().and_then(|f| f.try_clone().ok());
-        let metrics = self.device.metrics(index);
+        let dev = self.device_queue(index);
+        let metrics = self.device.metrics(dev);
+        let v = &mut self.vrings[index];
         v.running = true;
-        let rt = QueueRuntime::new(index as u16, queue, kick, call, err, metrics);
-        self.device.worker(index).start(rt);
+        let rt = QueueRuntime::new(dev as u16, queue, kick, call, err, metrics);
+        self.device.worker(dev).start(rt);
         tracing::debug!(queue = index, size = v.num, "queue started");
         Ok(())
     }
 
     /// Stops queue `index` if it runs, keeping its next avail index as the new base.
+    /// The device's queue behind the frontend's virtqueue `index`. Without MQ the control
+    /// queue is virtqueue 2 (spec 5.1.2), which on a multi-pair device is our last queue.
+    fn device_queue(&self, index: usize) -> usize {
+        let mq = self.acked_features.contains(Features::NET_MQ);
+        let ctrl = self.device.num_queues() - 1;
+        if !mq && index == 2 && self.acked_features.contains(Features::NET_CTRL_VQ) {
+            ctrl
+        } else {
+            index
+        }
+    }
+
     fn stop(&mut self, index: usize) {
+        let dev = self.device_queue(index);
         let Some(v) = self.vrings.get_mut(index) else {
             return;
         };
         if v.running {
             v.running = false;
-            if let Some(next) = self.device.worker(index).stop(index as u16) {
+            if let Some(next) = self.device.worker(dev).stop(dev as u16) {
                 v.base = next;
             }
         }

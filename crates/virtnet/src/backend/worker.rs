@@ -253,6 +253,39 @@ struct Turn {
 }
 
 /// Marks a queue broken: logs once, counts, signals the frontend's error eventfd.
+/// Puts a started queue in `slot` and watches its kick; a queue it replaces is retired.
+pub(super) fn install_queue(
+    epoll: &Epoll,
+    slot: &mut Option<QueueRuntime>,
+    q: QueueRuntime,
+    tag: u64,
+) {
+    let _ = epoll.ctl(
+        ControlOperation::Add,
+        q.kick.as_raw_fd(),
+        EpollEvent::new(EventSet::IN, tag),
+    );
+    q.metrics.clear_broken();
+    if let Some(old) = slot.replace(q) {
+        retire_queue(epoll, old);
+    }
+}
+
+/// Stops a queue: publishes its used batch, sends a call held back by coalescing, stops
+/// watching its kick, and returns its next avail index (what GET_VRING_BASE reports).
+pub(super) fn retire_queue(epoll: &Epoll, mut q: QueueRuntime) -> u16 {
+    q.queue.flush();
+    if q.held_since.is_some() {
+        q.fire();
+    }
+    let _ = epoll.ctl(
+        ControlOperation::Delete,
+        q.kick.as_raw_fd(),
+        EpollEvent::default(),
+    );
+    q.queue.next_avail()
+}
+
 pub(super) fn break_queue(q: &QueueRuntime, e: &RingError) {
     if q.metrics.set_broken(e.to_string()) {
         tracing::error!(queue = q.index, error = %e, "guest broke the queue; it stays stopped until reset");
@@ -461,20 +494,8 @@ impl Worker {
                 Command::Start(q) => {
                     let rx = q.index % 2 == 0;
                     let tag = if rx { EV_RX_KICK } else { EV_TX_KICK };
-                    let _ = self.epoll.ctl(
-                        ControlOperation::Add,
-                        q.kick.as_raw_fd(),
-                        EpollEvent::new(EventSet::IN, tag),
-                    );
-                    q.metrics.clear_broken();
                     let slot = if rx { &mut self.rx } else { &mut self.tx };
-                    if let Some(old) = slot.replace(*q) {
-                        let _ = self.epoll.ctl(
-                            ControlOperation::Delete,
-                            old.kick.as_raw_fd(),
-                            EpollEvent::default(),
-                        );
-                    }
+                    install_queue(&self.epoll, slot, *q, tag);
                     if rx {
                         self.prepare_null_frame();
                     }
@@ -494,19 +515,7 @@ impl Worker {
                     } else {
                         &mut self.tx
                     };
-                    let next = slot.take().map(|mut q| {
-                        q.queue.flush();
-                        if q.held_since.is_some() {
-                            q.fire(); // A held call goes out before the queue stops.
-                        }
-                        let _ = self.epoll.ctl(
-                            ControlOperation::Delete,
-                            q.kick.as_raw_fd(),
-                            EpollEvent::default(),
-                        );
-                        q.queue.next_avail()
-                    });
-                    let _ = reply.send(next);
+                    let _ = reply.send(slot.take().map(|q| retire_queue(&self.epoll, q)));
                 }
                 Command::Shutdown => return false,
             }

@@ -128,31 +128,23 @@ impl TapQueue {
     /// Writes one frame (virtio-net header first) gathered from `spans`. Returns the bytes
     /// written; WouldBlock when the TAP's queue is full.
     pub fn write_frame(&self, spans: &[HostSpan]) -> io::Result<usize> {
-        let iov = iovecs(spans);
-        // SAFETY: every iovec points into a live guest mapping (see the module docs) and the
-        // kernel only reads from them.
-        let n = unsafe {
-            libc::writev(
-                self.file.as_raw_fd(),
-                iov.as_ptr(),
-                iov.len() as libc::c_int,
-            )
-        };
-        if n < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(n as usize)
+        self.vectored(libc::writev, spans)
     }
 
     /// Reads one frame (virtio-net header first) scattered into `spans`. Returns its length;
     /// WouldBlock when no frame is waiting. A frame longer than the spans is truncated by the
     /// kernel, so callers size the spans for the largest frame.
     pub fn read_frame(&self, spans: &[HostSpan]) -> io::Result<usize> {
+        self.vectored(libc::readv, spans)
+    }
+
+    fn vectored(&self, op: VectoredIo, spans: &[HostSpan]) -> io::Result<usize> {
         let iov = iovecs(spans);
-        // SAFETY: every iovec points into a live guest mapping the device may write (the
-        // writable part of a chain), and nothing else references those bytes meanwhile.
+        // SAFETY: `op` is readv or writev; every iovec points into a live guest mapping (see
+        // the module docs): writev only reads it, and readv writes the device-writable part of
+        // a chain, which nothing else references meanwhile.
         let n = unsafe {
-            libc::readv(
+            op(
                 self.file.as_raw_fd(),
                 iov.as_ptr(),
                 iov.len() as libc::c_int,
@@ -164,6 +156,9 @@ impl TapQueue {
         Ok(n as usize)
     }
 }
+
+type VectoredIo =
+    unsafe extern "C" fn(libc::c_int, *const libc::iovec, libc::c_int) -> libc::ssize_t;
 
 impl AsRawFd for TapQueue {
     fn as_raw_fd(&self) -> RawFd {
