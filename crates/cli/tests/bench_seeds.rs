@@ -1,4 +1,4 @@
-//! `virtnet bench --quick --json` for the seed experiments (1 to 5): the output parses, and
+//! `virtnet bench --quick --json` for the seed experiments (1 to 6): the output parses, and
 //! the directions that counts (or CPU time, for the control queue) can show are asserted.
 //! Counts, not times: times on a shared CI machine prove nothing.
 
@@ -134,12 +134,28 @@ fn rx_from_tx(r: &Value) {
     }
 }
 
+/// Delayed tx callbacks give fewer tx interrupts per packet than interrupts left enabled.
+fn tx_completion(r: &Value) {
+    let m = r["modes"].as_array().expect("modes");
+    assert_eq!(m[0]["delayed_callbacks"], false);
+    assert_eq!(m[1]["delayed_callbacks"], true);
+    let per = |x: &Value| {
+        let p = sum(&x["runs"], &["packets"]);
+        assert!(p > 0, "nothing sent");
+        (p, sum(&x["runs"], &["interrupts"]))
+    };
+    let (p0, i0) = per(&m[0]);
+    let (p1, i1) = per(&m[1]);
+    assert!(i1 * p0 < i0 * p1, "delayed {i1}/{p1} vs enabled {i0}/{p0}");
+}
+
 #[test]
 fn seed_experiments_quick_json() {
-    let r = results("1,2,3,4,5");
+    let r = results("1,2,3,4,5,6");
     event_idx(&r[0]);
     used_batch(&r[1]);
     busy_poll(&r[2]);
     rx_from_tx(&r[3]);
     ctrl(&r[4]);
+    tx_completion(&r[5]);
 }

@@ -10,6 +10,7 @@ pub mod ctrl;
 pub mod event_idx;
 pub mod ring;
 pub mod rx_from_tx;
+pub mod tx_completion;
 pub mod used_batch;
 
 use serde::Serialize;
@@ -54,6 +55,7 @@ pub const ALL: &[Experiment] = &[
     busy_poll::EXPERIMENT,
     rx_from_tx::EXPERIMENT,
     ctrl::EXPERIMENT,
+    tx_completion::EXPERIMENT,
 ];
 
 /// The experiments numbered in `only`, in that order; all of them when `only` is empty.

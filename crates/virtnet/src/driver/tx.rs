@@ -49,6 +49,9 @@ pub struct TxQueue {
     busy_poll: bool,
     /// A stopped queue restarts once this many descriptors are free.
     wake_at: u16,
+    /// Ask for the completion interrupt after 3/4 of what is in flight (seed 002's delayed
+    /// callback, the default) rather than at the next completion (for `virtnet bench`).
+    delayed_cb: bool,
     pub counters: Arc<QueueCounters>,
 }
 
@@ -93,6 +96,7 @@ impl TxQueue {
             stopped: false,
             pending_kick: false,
             busy_poll: false,
+            delayed_cb: true,
             wake_at: TX_WORST_CASE_DESCS.min(size),
             counters: Arc::new(QueueCounters::default()),
         };
@@ -115,6 +119,22 @@ impl TxQueue {
 
     /// The owner busy-polls [`TxQueue::reclaim`] while stopped, so stopping asks for no
     /// completion interrupt: the device is spared the eventfd writes.
+    /// Delayed completion callbacks on (the default) or off. Off is the driver before seed
+    /// 002: completion interrupts stay enabled (re-armed at the next completion on every flush
+    /// and stop), so the owner should read the call eventfd (`ack_interrupt`) after each burst.
+    /// For measurements.
+    pub fn set_delayed_callbacks(&mut self, on: bool) {
+        self.delayed_cb = on;
+    }
+
+    fn enable_completion_cb(&mut self) -> bool {
+        if self.delayed_cb {
+            self.q.enable_cb_delayed()
+        } else {
+            self.q.enable_cb()
+        }
+    }
+
     pub fn set_busy_poll(&mut self, on: bool) {
         self.busy_poll = on;
     }
@@ -282,7 +302,7 @@ impl TxQueue {
         if self.busy_poll {
             return Ok(());
         }
-        if self.q.enable_cb_delayed() {
+        if self.enable_completion_cb() {
             self.reclaim(usize::MAX)?;
         }
         Ok(())
@@ -293,6 +313,10 @@ impl TxQueue {
         if std::mem::take(&mut self.pending_kick) && self.q.kick_prepare() {
             let _ = self.kick.write(1);
             self.counters.kicks.add(1);
+        }
+        if !self.delayed_cb && !self.busy_poll {
+            // Before seed 002: tx completion interrupts stay enabled (at the next completion).
+            self.q.enable_cb();
         }
     }
 
@@ -306,7 +330,7 @@ impl TxQueue {
             self.ack_interrupt();
         }
         self.reclaim(usize::MAX)?;
-        if self.stopped && self.q.enable_cb_delayed() {
+        if self.stopped && self.enable_completion_cb() {
             self.reclaim(usize::MAX)?;
         }
         Ok(!self.stopped)
