@@ -41,6 +41,8 @@ pub struct RrRun {
     pub device_cpu_us_per_transaction: f64,
     pub busy_poll_hits: u64,
     pub device_kicks: u64,
+    /// Requests whose answer never came within the generator's loss timeout.
+    pub lost: u64,
 }
 
 #[derive(Debug, Serialize)]
@@ -115,6 +117,7 @@ fn one(busy_poll_us: u32, secs: f64, pinned: bool) -> Result<RrRun, BenchError> 
         busy_poll_hits: b.counter("tx", |c| c.busy_poll_hits)
             + b.counter("rx", |c| c.busy_poll_hits),
         device_kicks: b.counter("tx", |c| c.kicks) + b.counter("rx", |c| c.kicks),
+        lost: r.per_pair.iter().map(|p| p.lost).sum(),
     })
 }
 
