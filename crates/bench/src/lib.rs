@@ -15,6 +15,7 @@ pub mod error;
 pub mod experiments;
 pub mod notify;
 pub mod pin;
+pub mod plot;
 pub mod ring;
 pub mod summary;
 pub mod table;

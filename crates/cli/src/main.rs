@@ -59,6 +59,9 @@ struct BenchArgs {
     /// List the experiments and exit.
     #[arg(long)]
     list: bool,
+    /// Draw the busy-poll sweep (experiment 3): latency and device CPU against the timeout.
+    #[arg(long, value_name = "FILE.svg")]
+    plot: Option<std::path::PathBuf>,
 }
 
 /// Logs go to stderr; RUST_LOG overrides the default level (info).
@@ -137,6 +140,15 @@ fn bench_command(args: &BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
             name: e.name,
             results: outcome.json,
         });
+    }
+    if let Some(path) = &args.plot {
+        let svg = reports
+            .iter()
+            .find(|r| r.id == 3)
+            .and_then(|r| bench::plot::busy_poll_svg(&r.results))
+            .ok_or("--plot draws experiment 3 (busy polling): run it too")?;
+        std::fs::write(path, svg).map_err(|e| format!("{}: {e}", path.display()))?;
+        eprintln!("busy-poll plot written to {}", path.display());
     }
     if args.json {
         let report = Report {
