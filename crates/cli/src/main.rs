@@ -64,10 +64,10 @@ struct BenchArgs {
     plot: Option<std::path::PathBuf>,
 }
 
-/// Logs go to stderr; RUST_LOG overrides the default level (info).
-fn init_logging() {
+/// Logs go to stderr; RUST_LOG overrides the default level.
+fn init_logging(default: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
@@ -86,7 +86,11 @@ fn report(what: &str, r: Result<(), Box<dyn std::error::Error>>) -> ExitCode {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging();
+    // The bench runs backends in-process: their connection notices would drown its tables.
+    init_logging(match cli.command {
+        Command::Bench(_) | Command::Gen(_) => "warn",
+        _ => "info",
+    });
     match cli.command {
         Command::Bench(args) => match bench_command(&args) {
             Ok(()) => ExitCode::SUCCESS,
