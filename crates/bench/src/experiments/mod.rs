@@ -37,6 +37,15 @@ pub struct Outcome {
     pub json: serde_json::Value,
 }
 
+impl Outcome {
+    /// An experiment's tables, and its results as JSON.
+    pub fn new<R: Serialize>(tables: Vec<Table>, results: &R) -> Result<Outcome, BenchError> {
+        let json =
+            serde_json::to_value(results).map_err(|e| BenchError::Inconsistent(e.to_string()))?;
+        Ok(Outcome { tables, json })
+    }
+}
+
 /// Progress lines, for a display while an experiment runs.
 pub type Progress<'a> = &'a mut dyn FnMut(&str);
 

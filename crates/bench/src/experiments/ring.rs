@@ -255,9 +255,5 @@ pub fn tables(r: &RingResults) -> Vec<Table> {
 
 fn run(o: &Options, progress: Progress<'_>) -> Result<Outcome, BenchError> {
     let results = measure(&Sizes::for_options(o), progress)?;
-    Ok(Outcome {
-        tables: tables(&results),
-        json: serde_json::to_value(&results)
-            .map_err(|e| BenchError::Inconsistent(e.to_string()))?,
-    })
+    Outcome::new(tables(&results), &results)
 }

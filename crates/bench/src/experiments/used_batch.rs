@@ -140,8 +140,5 @@ pub fn tables(r: &Results) -> Vec<Table> {
 
 fn run(o: &Options, progress: Progress<'_>) -> Result<Outcome, BenchError> {
     let r = measure(o, progress)?;
-    Ok(Outcome {
-        tables: tables(&r),
-        json: serde_json::to_value(&r).map_err(|e| BenchError::Inconsistent(e.to_string()))?,
-    })
+    Outcome::new(tables(&r), &r)
 }
