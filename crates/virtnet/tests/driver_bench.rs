@@ -24,9 +24,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use support::packages;
-use support::process::Proc;
 use support::testpmd::{Testpmd, TESTPMD_REQUIREMENTS};
-use support::{report, unique_name, ScratchDir};
+use support::{report, ScratchDir};
 use virtnet::backend::{BackendConfig, IoMode};
 use virtnet::driver::{CtrlMode, DriverConfig, NetDriver};
 use virtnet::gen::{self, GenConfig, GenReport, Mode};
@@ -64,28 +63,6 @@ enum Dir {
     DriverRx,
 }
 
-/// DPDK's virtio-user PMD in testpmd, as the driver, pinned to CPU 0; its file prefix.
-fn start_virtio_user(socket: &std::path::Path, dir: Dir, size: usize) -> (Proc, String) {
-    let prefix = unique_name("vuf");
-    let mut cmd = std::process::Command::new("dpdk-testpmd");
-    cmd.args(["--lcores", "0@0,1@0", "--no-huge", "-m", "1024", "--no-pci"]);
-    cmd.args(["--file-prefix", &prefix]);
-    cmd.args([
-        "--vdev",
-        &format!("net_virtio_user0,path={},queues=1", socket.display()),
-    ]);
-    let mode = match dir {
-        Dir::DriverTx => "txonly",
-        Dir::DriverRx => "rxonly",
-    };
-    cmd.args(["--", "-i", &format!("--forward-mode={mode}")]);
-    cmd.arg(format!("--txpkts={size}"));
-    let mut p = Proc::spawn("testpmd-virtio-user", cmd, None, true).expect("spawn testpmd");
-    std::thread::sleep(Duration::from_secs(2));
-    p.send_line("start").expect("start virtio-user forwarding");
-    (p, prefix)
-}
-
 /// One measurement: Mpps seen by the vhost PMD.
 fn vhost_rate(size: usize, dir: Dir, peer: Peer, dir_path: &ScratchDir) -> f64 {
     let socket = dir_path.join("vhost.sock");
@@ -121,7 +98,15 @@ fn vhost_rate(size: usize, dir: Dir, peer: Peer, dir_path: &ScratchDir) -> f64 {
             });
             (Some(t), None)
         }
-        Peer::VirtioUser => (None, Some(start_virtio_user(&socket, dir, size))),
+        Peer::VirtioUser => {
+            // DPDK's virtio-user PMD in testpmd, as the driver, pinned to CPU 0.
+            let mode = match dir {
+                Dir::DriverTx => "txonly",
+                Dir::DriverRx => "rxonly",
+            };
+            let t = Testpmd::start_virtio_user(&socket, mode, size, "0@0,1@0");
+            (None, Some(t.expect("testpmd virtio-user")))
+        }
     };
     std::thread::sleep(WARMUP + Duration::from_millis(500));
     let packets = |s: support::testpmd::PortStats| match dir {
@@ -138,16 +123,8 @@ fn vhost_rate(size: usize, dir: Dir, peer: Peer, dir_path: &ScratchDir) -> f64 {
         let r: GenReport = t.join().unwrap().expect("gen");
         report(&format!("    gen: {}", r.summary.render()));
     }
-    if let Some((p, prefix)) = theirs.as_mut() {
-        let _ = p.send_line("quit");
-        p.close_stdin();
-        if p.wait_exit(Instant::now() + Duration::from_secs(10))
-            .is_none()
-        {
-            p.kill();
-        }
-        // DPDK leaves its runtime directory behind.
-        let _ = std::fs::remove_dir_all(std::path::Path::new("/var/run/dpdk").join(prefix));
+    if let Some(t) = theirs.take() {
+        drop(t.quit());
     }
     drop(vhost.quit());
     let _ = std::fs::remove_file(&socket);

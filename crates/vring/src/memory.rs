@@ -280,6 +280,29 @@ impl GuestMemory {
         Ok(())
     }
 
+    /// Hints the CPU to fetch the cache lines of `[addr, addr + len)` for writing, so that a
+    /// burst of copies into buffers the peer last touched waits for their transfers in
+    /// parallel instead of one after another. Does nothing outside memory or off x86-64.
+    #[inline]
+    pub fn prefetch_write(&self, addr: GuestAddress, len: usize) {
+        let Some((r, off)) = self.find(addr, len as u64) else {
+            return;
+        };
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_ET0};
+            let start = r.host.as_ptr().wrapping_add(off);
+            let skew = start as usize % 64;
+            for line in (0..len + skew).step_by(64) {
+                let p = start.wrapping_sub(skew).wrapping_add(line);
+                // SAFETY: a prefetch is a hint that never faults nor changes memory.
+                unsafe { _mm_prefetch::<_MM_HINT_ET0>(p as *const i8) };
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = (r, off);
+    }
+
     /// Copies `buf` into guest memory at `addr`.
     pub fn write(&self, addr: GuestAddress, buf: &[u8]) -> Result<(), Error> {
         let span = self.host_span(addr, buf.len())?;

@@ -107,8 +107,11 @@ impl QueueMetrics {
         self.coalesce_max_usecs.store(c.max_usecs, Relaxed);
     }
 
+    /// Adds to a counter of this queue. Each counter has one writer (the queue's worker), so
+    /// a plain load and store suffices: a locked add would stall on the data path's pending
+    /// stores to shared memory.
     pub fn add(&self, c: &AtomicU64, n: u64) {
-        c.fetch_add(n, Relaxed);
+        c.store(c.load(Relaxed).wrapping_add(n), Relaxed);
     }
 
     pub fn poll_exit(&self, why: PollExit) {
@@ -120,7 +123,7 @@ impl QueueMetrics {
             PollExit::Yield => &c.busy_poll_exit_yield,
             PollExit::Shutdown => &c.busy_poll_exit_shutdown,
         };
-        f.fetch_add(1, Relaxed);
+        self.add(f, 1);
     }
 
     /// Records that the queue broke. Returns true the first time, so the caller logs once.

@@ -45,6 +45,7 @@ pub fn device_features(pairs: u16) -> Features {
         | Features::RING_EVENT_IDX
         | Features::RING_INDIRECT_DESC
         | Features::NOTIFY_ON_EMPTY
+        | Features::IN_ORDER
         | Features::NET_MRG_RXBUF
         | Features::NET_CSUM
         | Features::NET_GUEST_CSUM

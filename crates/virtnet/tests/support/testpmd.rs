@@ -1,5 +1,6 @@
 //! DPDK's `dpdk-testpmd` with the vhost PMD (`net_vhost0`) as a vhost-user backend: it
-//! listens on a socket that QEMU connects to, and reports its port counters.
+//! listens on a socket that QEMU connects to, and reports its port counters. Or with the
+//! virtio-user PMD as the driver side, on our backend.
 //!
 //! testpmd runs interactively (`-i`) so that the test decides when counters are read:
 //! `start` after launch, `show port stats 0` on demand, `quit` at the end. Without hugepages
@@ -78,6 +79,50 @@ impl Testpmd {
             return Err(e);
         }
         let mut testpmd = Testpmd { proc, prefix };
+        testpmd.command("start")?;
+        Ok(testpmd)
+    }
+
+    /// Starts testpmd with DPDK's virtio-user PMD (`net_virtio_user0`, the driver side) on the
+    /// vhost-user backend listening on `socket`, forwarding with `mode` and `size`-byte frames
+    /// for `txonly`; its lcores on `lcores` (testpmd's `--lcores`). Forwarding starts after the
+    /// port is up. virtio-user asks for VIRTIO_F_IN_ORDER when the backend offers it.
+    pub fn start_virtio_user(
+        socket: &Path,
+        mode: &str,
+        size: usize,
+        lcores: &str,
+    ) -> Result<Testpmd, String> {
+        super::reap_stale();
+        let prefix = super::unique_name("vuser");
+        let mut cmd = Command::new("stdbuf");
+        cmd.args(["-oL", "-eL", "dpdk-testpmd", "--lcores", lcores]);
+        cmd.args([
+            "--no-huge",
+            "-m",
+            "1024",
+            "--no-pci",
+            "--file-prefix",
+            &prefix,
+        ]);
+        cmd.args([
+            "--vdev",
+            &format!("net_virtio_user0,path={},queues=1", socket.display()),
+        ]);
+        cmd.args(["--", "-i", &format!("--forward-mode={mode}")]);
+        cmd.arg(format!("--txpkts={size}"));
+        let proc =
+            Proc::spawn("testpmd-virtio-user", cmd, None, true).map_err(|e| e.to_string())?;
+        let mut testpmd = Testpmd { proc, prefix };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        if let Err(e) = testpmd.proc.out.wait_for(0, deadline, |l| {
+            l.contains("testpmd>") || l.contains("Done")
+        }) {
+            return Err(format!(
+                "virtio-user port not up ({e:?}):\n{}",
+                testpmd.proc.out.tail(30)
+            ));
+        }
         testpmd.command("start")?;
         Ok(testpmd)
     }
