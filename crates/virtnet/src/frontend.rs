@@ -51,6 +51,12 @@ pub struct Allocator {
 }
 
 impl Allocator {
+    /// An allocator over `[start, end)`, for unit tests that build queues by hand.
+    #[cfg(test)]
+    pub(crate) fn over(start: GuestAddress, end: u64) -> Allocator {
+        Allocator { next: start.0, end }
+    }
+
     pub fn alloc(&mut self, len: u64, align: u64) -> Result<GuestAddress, FrontendError> {
         let at = self.next.next_multiple_of(align);
         if at + len > self.end {

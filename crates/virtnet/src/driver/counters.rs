@@ -99,6 +99,9 @@ queue_counters!(
     /// tx: times the queue stopped for lack of descriptors or buffers, and restarts.
     stops,
     wakes,
+    /// tx: frames that found the ring full and were not sent (the caller retries them); only
+    /// with capacity stop/wake off, else the queue stops before the ring fills.
+    ring_full,
     /// tx: completions reclaimed.
     completed,
     /// rx: frames dropped because the device described them badly (short, bad num_buffers).

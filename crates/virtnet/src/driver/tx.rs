@@ -6,6 +6,10 @@
 //! - while stopped, the completion interrupt is a delayed callback (`enable_cb_delayed`): one
 //!   interrupt once 3/4 of what is in flight has completed, not one per frame;
 //! - the avail index is published on every add, the kick is decided once per burst.
+//!
+//! The first three can be switched off, for `virtnet bench` to measure what each buys (the
+//! driver before seed 002): [`TxQueue::set_capacity_stop`], [`TxQueue::set_bounded_reclaim`],
+//! [`TxQueue::set_delayed_callbacks`].
 
 use std::sync::Arc;
 
@@ -52,6 +56,12 @@ pub struct TxQueue {
     /// Ask for the completion interrupt after 3/4 of what is in flight (seed 002's delayed
     /// callback, the default) rather than at the next completion (for `virtnet bench`).
     delayed_cb: bool,
+    /// Stop the queue while a worst-case packet still fits (seed 002, the default), rather
+    /// than find the ring full when a frame is added (for `virtnet bench`).
+    capacity_stop: bool,
+    /// Reclaim at most [`TX_RECLAIM_BUDGET`] completions per transmit call, and only when
+    /// short of room (seed 002, the default), rather than all of them on every call.
+    bounded_reclaim: bool,
     pub counters: Arc<QueueCounters>,
 }
 
@@ -97,6 +107,8 @@ impl TxQueue {
             pending_kick: false,
             busy_poll: false,
             delayed_cb: true,
+            capacity_stop: true,
+            bounded_reclaim: true,
             wake_at: TX_WORST_CASE_DESCS.min(size),
             counters: Arc::new(QueueCounters::default()),
         };
@@ -117,8 +129,6 @@ impl TxQueue {
         self.q.set_publish_on_kick(on);
     }
 
-    /// The owner busy-polls [`TxQueue::reclaim`] while stopped, so stopping asks for no
-    /// completion interrupt: the device is spared the eventfd writes.
     /// Delayed completion callbacks on (the default) or off. Off is the driver before seed
     /// 002: completion interrupts stay enabled (re-armed at the next completion on every flush
     /// and stop), so the owner should read the call eventfd (`ack_interrupt`) after each burst.
@@ -135,6 +145,24 @@ impl TxQueue {
         }
     }
 
+    /// Capacity stop/wake on (the default) or off. Off is the driver before seed 002: no
+    /// capacity check before adding; a frame that finds the ring full is not sent (counted in
+    /// `ring_full`, [`TxQueue::send`] returns false as Linux's NETDEV_TX_BUSY, for the caller
+    /// to retry), the queue stops then, and restarts as soon as one frame fits again. For
+    /// measurements.
+    pub fn set_capacity_stop(&mut self, on: bool) {
+        self.capacity_stop = on;
+    }
+
+    /// Bounded reclaim on (the default) or off. Off is the driver before seed 002: every
+    /// transmit call first reclaims every completion the device has published. For
+    /// measurements.
+    pub fn set_bounded_reclaim(&mut self, on: bool) {
+        self.bounded_reclaim = on;
+    }
+
+    /// The owner busy-polls [`TxQueue::reclaim`] while stopped, so stopping asks for no
+    /// completion interrupt: the device is spared the eventfd writes.
     pub fn set_busy_poll(&mut self, on: bool) {
         self.busy_poll = on;
     }
@@ -185,7 +213,7 @@ impl TxQueue {
             }
         }
         self.counters.completed.add(n as u64);
-        if self.stopped && self.q.num_free() >= self.wake_at && self.has_room() {
+        if self.stopped && self.can_wake() {
             self.stopped = false;
             self.counters.wakes.add(1);
             self.q.disable_cb();
@@ -196,6 +224,16 @@ impl TxQueue {
     fn has_room(&self) -> bool {
         self.q.num_free() >= TX_WORST_CASE_DESCS.min(self.q.config().size())
             && !self.pool.free.is_empty()
+    }
+
+    /// Whether a stopped queue may restart: with capacity stop/wake, once `wake_at`
+    /// descriptors and a worst-case packet's room are free; without, once one frame fits.
+    fn can_wake(&self) -> bool {
+        if self.capacity_stop {
+            self.q.num_free() >= self.wake_at && self.has_room()
+        } else {
+            self.q.num_free() > 0 && !self.pool.free.is_empty()
+        }
     }
 
     /// Queues one frame behind header `hdr`. Returns Ok(false) when the queue is stopped: the
@@ -225,7 +263,10 @@ impl TxQueue {
         hdr: NetHdr,
         tag: Option<u64>,
     ) -> Result<bool, DriverError> {
-        if self.q.num_free() < self.reclaim_below || self.stopped {
+        if !self.bounded_reclaim {
+            // Before seed 002: every transmit first frees everything completed.
+            self.reclaim(usize::MAX)?;
+        } else if self.q.num_free() < self.reclaim_below || self.stopped {
             self.reclaim(TX_RECLAIM_BUDGET)?;
         }
         if self.stopped {
@@ -238,8 +279,9 @@ impl TxQueue {
             });
         }
         let Some(slot) = self.pool.free.pop() else {
-            self.stop()?;
-            return Ok(false);
+            // One buffer per descriptor: no buffer left means the ring is full. With capacity
+            // stop/wake the queue stopped before this could happen.
+            return self.ring_full();
         };
         let at = self.pool.addr(slot);
         let body = GuestAddress(at.0 + self.hdr_len as u64);
@@ -265,6 +307,9 @@ impl TxQueue {
             self.slot_hdr[slot as usize] = None;
             self.slot_tag[slot as usize] = None;
             self.pool.free.push(slot);
+            if let vring::Error::QueueFull { .. } = e {
+                return self.ring_full();
+            }
             return Err(ring_error(self.vq, &self.counters, e));
         }
         self.pending_kick = true;
@@ -276,10 +321,18 @@ impl TxQueue {
         if hdr.gso_type != HDR_GSO_NONE {
             self.counters.gso_offloaded.add(1);
         }
-        if !self.has_room() {
+        if self.capacity_stop && !self.has_room() {
             self.stop()?;
         }
         Ok(true)
+    }
+
+    /// The frame found the ring full: it is not sent, and the queue stops until completions
+    /// free room (the caller sends the frame again then).
+    fn ring_full(&mut self) -> Result<bool, DriverError> {
+        self.counters.ring_full.add(1);
+        self.stop()?;
+        Ok(false)
     }
 
     /// Like [`TxQueue::send`], with the header built from the negotiated offloads (checksum,
@@ -358,6 +411,134 @@ impl TxQueue {
                 return Ok(drained);
             }
             std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vring::{DeviceQueue, Features, QueueConfig, RingAddresses};
+
+    const MEM: usize = 1 << 20;
+    const RINGS: GuestAddress = GuestAddress(0x1000);
+    const BUFFERS: GuestAddress = GuestAddress(0x1_0000);
+
+    /// A tx queue of `size` with a device side we drive by hand.
+    struct Rig {
+        tx: TxQueue,
+        device: DeviceQueue,
+    }
+
+    fn rig(size: u16) -> Rig {
+        let mem = Arc::new(GuestMemory::anonymous(&[(GuestAddress(0), MEM)]).unwrap());
+        let features = Features::VERSION_1 | Features::RING_EVENT_IDX;
+        let config = QueueConfig::new(
+            size as u32,
+            RingAddresses::contiguous(RINGS, size),
+            features,
+        )
+        .unwrap();
+        let setup = QueueSetup {
+            index: 1,
+            config,
+            indirect: None,
+            kick: EventFd::new(libc::EFD_NONBLOCK).unwrap(),
+            call: EventFd::new(libc::EFD_NONBLOCK).unwrap(),
+        };
+        let mut alloc = Allocator::over(BUFFERS, MEM as u64);
+        let tx = TxQueue::new(&setup, &mem, &mut alloc, 256).unwrap();
+        let device = DeviceQueue::activate(&config, mem, 0).unwrap();
+        Rig { tx, device }
+    }
+
+    impl Rig {
+        /// Sends frames until the queue refuses one; returns how many it took.
+        fn fill(&mut self) -> usize {
+            let mut sent = 0;
+            while self.tx.send(&[0u8; 60], NetHdr::default()).unwrap() {
+                sent += 1;
+            }
+            sent
+        }
+
+        /// The device completes `n` frames and publishes them.
+        fn complete(&mut self, n: usize) {
+            for _ in 0..n {
+                let c = self.device.pop().unwrap().expect("a frame in flight");
+                self.device.add_used(c.head(), 0).unwrap();
+            }
+            self.device.flush();
+        }
+    }
+
+    #[test]
+    fn delayed_callbacks_ask_for_an_interrupt_after_three_quarters_in_flight() {
+        for delayed in [true, false] {
+            let mut r = rig(64);
+            r.tx.set_delayed_callbacks(delayed);
+            // The device's first decision after activation always notifies: take it now.
+            r.device.needs_notification();
+            // The queue stops full, asking for its completion interrupt.
+            let sent = r.fill() as u16;
+            assert!(r.tx.is_stopped());
+            let first = (1..=sent).find(|_| {
+                r.complete(1);
+                r.device.needs_notification()
+            });
+            let expected = if delayed { sent * 3 / 4 + 1 } else { 1 };
+            assert_eq!(first, Some(expected), "delayed {delayed}");
+        }
+    }
+
+    #[test]
+    fn capacity_stop_stops_while_a_worst_case_packet_still_fits() {
+        let mut r = rig(64);
+        let sent = r.fill();
+        // Stopped after the send that left fewer than a worst-case packet's descriptors.
+        assert_eq!(sent, 64 - TX_WORST_CASE_DESCS as usize + 1);
+        assert!(r.tx.is_stopped());
+        assert_eq!(r.tx.ring().num_free(), TX_WORST_CASE_DESCS - 1);
+        assert_eq!(r.tx.counters.stops, 1);
+        assert_eq!(r.tx.counters.ring_full, 0);
+    }
+
+    #[test]
+    fn without_capacity_stop_a_frame_finds_the_ring_full() {
+        let mut r = rig(64);
+        r.tx.set_capacity_stop(false);
+        let sent = r.fill();
+        // Every descriptor used; the next frame found the ring full and was not sent.
+        assert_eq!(sent, 64);
+        assert_eq!(r.tx.ring().num_free(), 0);
+        assert!(r.tx.is_stopped());
+        assert_eq!(r.tx.counters.ring_full, 1);
+        assert_eq!(r.tx.counters.stops, 1);
+        assert_eq!(r.tx.counters.packets, 64);
+        // One completion is enough to restart: the queue wakes as soon as a frame fits.
+        r.complete(1);
+        r.tx.reclaim(usize::MAX).unwrap();
+        assert!(!r.tx.is_stopped());
+        assert!(r.tx.send(&[0u8; 60], NetHdr::default()).unwrap());
+    }
+
+    #[test]
+    fn bounded_reclaim_takes_at_most_a_budget_per_send() {
+        for bounded in [true, false] {
+            let mut r = rig(128);
+            r.tx.set_bounded_reclaim(bounded);
+            for _ in 0..100 {
+                assert!(r.tx.send(&[0u8; 60], NetHdr::default()).unwrap());
+            }
+            r.complete(100);
+            assert_eq!(r.tx.counters.completed, 0, "bounded {bounded}");
+            assert!(r.tx.send(&[0u8; 60], NetHdr::default()).unwrap());
+            let expected = if bounded {
+                TX_RECLAIM_BUDGET as u64
+            } else {
+                100
+            };
+            assert_eq!(r.tx.counters.completed, expected, "bounded {bounded}");
         }
     }
 }
