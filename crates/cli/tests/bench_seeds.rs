@@ -138,19 +138,37 @@ fn rx_from_tx(r: &Value) {
     }
 }
 
-/// Delayed tx callbacks give fewer tx interrupts per packet than interrupts left enabled.
+/// Seed 002's tx path (delayed callbacks, capacity stop/wake, bounded reclaim) gives fewer tx
+/// interrupts per packet than the driver before it (all three off: interrupts re-armed at the
+/// next completion on every burst, after reclaiming everything). Delayed callbacks alone are
+/// not compared: with bounded reclaim the re-armed interrupt points at a used index the device
+/// has already passed, so it rarely fires either way (docs/PERFORMANCE.md).
+/// With capacity stop/wake no frame ever finds the ring full; without it, the queue stops
+/// only when a frame does.
 fn tx_completion(r: &Value) {
     let m = r["modes"].as_array().expect("modes");
-    assert_eq!(m[0]["delayed_callbacks"], false);
-    assert_eq!(m[1]["delayed_callbacks"], true);
+    assert_eq!(m.len(), 5);
+    let find = |label: &str| {
+        m.iter()
+            .find(|x| x["label"] == label)
+            .unwrap_or_else(|| panic!("no mode {label}"))
+    };
     let per = |x: &Value| {
         let p = sum(&x["runs"], &["packets"]);
-        assert!(p > 0, "nothing sent");
+        assert!(p > 0, "nothing sent in {}", x["label"]);
         (p, sum(&x["runs"], &["interrupts"]))
     };
-    let (p0, i0) = per(&m[0]);
-    let (p1, i1) = per(&m[1]);
-    assert!(i1 * p0 < i0 * p1, "delayed {i1}/{p1} vs enabled {i0}/{p0}");
+    let (p0, i0) = per(find("all off (before seed 002)"));
+    let (p1, i1) = per(find("all on (seed 002)"));
+    assert!(i1 * p0 < i0 * p1, "seed 002 {i1}/{p1} vs before {i0}/{p0}");
+    for x in m {
+        let (stops, full) = (sum(&x["runs"], &["stops"]), sum(&x["runs"], &["ring_full"]));
+        if x["capacity_stop"] == true {
+            assert_eq!(full, 0, "{}", x["label"]);
+        } else {
+            assert_eq!(stops, full, "{}", x["label"]);
+        }
+    }
 }
 
 #[test]
