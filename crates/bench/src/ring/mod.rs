@@ -14,8 +14,8 @@ use std::sync::Arc;
 use serde::Serialize;
 use vring::memory::RegionSource;
 use vring::{
-    Buf, Chain, DeviceQueue, DriverQueue, Features, GuestAddress, GuestMemory, QueueConfig,
-    RingAddresses,
+    Buf, Chain, DeviceQueue, DriverQueue, Features, GuestAddress, GuestMemory, IndirectArea,
+    QueueConfig, RingAddresses,
 };
 
 use crate::BenchError;
@@ -24,6 +24,19 @@ use crate::BenchError;
 pub const QUEUE_SIZE: u16 = 256;
 /// Where the data buffers start; the rings sit below, at guest address 0.
 const DATA_BASE: u64 = 0x10_0000;
+/// The driver's indirect tables (used only when INDIRECT_DESC is negotiated): between the
+/// rings and the buffers, room for [`INDIRECT_MAX_CHAIN`] descriptors per head.
+const INDIRECT_BASE: u64 = 0x8_0000;
+/// The longest chain added as an indirect table: [`ChainShape::FOUR`].
+const INDIRECT_MAX_CHAIN: u16 = 4;
+// The rings (with at most 3 bytes of padding before the used ring) end below the tables,
+// and the tables below the buffers.
+const _: () = {
+    use vring::layout::{avail_ring_size, desc_table_size, used_ring_size, DESC_SIZE};
+    let rings = desc_table_size(QUEUE_SIZE) + avail_ring_size(QUEUE_SIZE) + 3;
+    assert!(rings + used_ring_size(QUEUE_SIZE) <= INDIRECT_BASE);
+    assert!(INDIRECT_BASE + QUEUE_SIZE as u64 * INDIRECT_MAX_CHAIN as u64 * DESC_SIZE <= DATA_BASE);
+};
 /// Bytes of memory: the rings, then the buffers. The device never touches buffer bytes; the
 /// buffers only have to lie inside memory, since the device side checks that they do.
 const MEM_SIZE: usize = 0x20_0000;
@@ -39,6 +52,9 @@ pub struct ChainShape {
 impl ChainShape {
     /// One readable descriptor: a transmitted frame.
     pub const ONE: ChainShape = ChainShape { out: 1, in_: 0 };
+    /// Two readable descriptors: a buffer in two pieces, the shortest chain that can be added
+    /// as an indirect table.
+    pub const TWO: ChainShape = ChainShape { out: 2, in_: 0 };
     /// Two readable then two writable descriptors.
     pub const FOUR: ChainShape = ChainShape { out: 2, in_: 2 };
 
@@ -90,9 +106,18 @@ impl RingMemory {
         file.try_clone().map_err(BenchError::io("dup memfd"))
     }
 
-    /// Activates the driver side: rings initialised at index 0.
+    /// Activates the driver side: rings initialised at index 0. With INDIRECT_DESC
+    /// negotiated, chains of 2 to 4 descriptors are added as indirect tables.
     pub fn driver(&self) -> Result<DriverQueue<u32>, BenchError> {
-        Ok(DriverQueue::activate(&self.config, self.mem.clone(), None)?)
+        let indirect = IndirectArea {
+            addr: GuestAddress(INDIRECT_BASE),
+            max_chain: INDIRECT_MAX_CHAIN,
+        };
+        Ok(DriverQueue::activate(
+            &self.config,
+            self.mem.clone(),
+            Some(indirect),
+        )?)
     }
 
     /// Our device side, over its own mapping of the memfd (what a backend gets from
@@ -247,14 +272,20 @@ impl ChainBufs {
         }
     }
 
-    /// Adds one chain if there is room; false when the ring is full.
+    /// Adds one chain if there is room; false when the ring is full. An indirect chain
+    /// takes one descriptor of the ring.
     #[inline]
     pub(crate) fn add(
         &self,
         driver: &mut DriverQueue<u32>,
         token: u32,
     ) -> Result<bool, BenchError> {
-        if driver.num_free() < self.descriptors {
+        let needed = if driver.uses_indirect(self.descriptors as usize) {
+            1
+        } else {
+            self.descriptors
+        };
+        if driver.num_free() < needed {
             return Ok(false);
         }
         driver.add(&self.out, &self.in_, token)?;

@@ -1,5 +1,6 @@
-//! Two-thread ping-pong: a driver thread adds 1-descriptor chains, a device thread pops them
-//! and returns them used, the driver reclaims them. The threads are pinned to two CPUs.
+//! Two-thread ping-pong: a driver thread adds chains (1 descriptor unless configured
+//! otherwise), a device thread pops them and returns them used, the driver reclaims them. The
+//! threads are pinned to two CPUs.
 //!
 //! Two ways of waiting:
 //! - [`Mode::Poll`]: both sides spin, notifications disabled, with a used batch of 1..64. The
@@ -8,6 +9,11 @@
 //!   event idx on or off. Done as Linux and vhost do it: notifications are disabled while
 //!   working, and enabled, then the ring re-checked, before blocking. The driver asks for a kick
 //!   decision after every add, like tools/virtio/virtio_test, so suppression shows in the counts.
+//!
+//! And two of virtio_test's switches: indirect descriptors (INDIRECT_DESC negotiated, so a chain
+//! of more than one descriptor takes one ring descriptor), and delayed interrupts (a sleeping
+//! driver re-arms with `enable_cb_delayed`, woken once 3/4 of what is in flight is used,
+//! instead of `enable_cb`, woken at the next used entry).
 
 use std::hint::spin_loop;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
@@ -63,9 +69,18 @@ pub struct Config {
     /// CPUs for the driver and device threads.
     pub driver_cpu: usize,
     pub device_cpu: usize,
+    /// The chains the driver adds.
+    pub shape: ChainShape,
+    /// INDIRECT_DESC negotiated: a chain of more than one descriptor is added as an indirect
+    /// table (virtio_test's default; `--no-indirect` turns it off).
+    pub indirect: bool,
+    /// A sleeping driver re-arms its interrupt with `enable_cb_delayed` rather than
+    /// `enable_cb` (virtio_test's `--delayed-interrupt`).
+    pub delayed_interrupts: bool,
 }
 
 impl Config {
+    /// 1-descriptor chains, no indirect, no delayed interrupts.
     pub fn new(mode: Mode, ops: u64) -> Config {
         Config {
             mode,
@@ -73,6 +88,18 @@ impl Config {
             deadline: None,
             driver_cpu: 0,
             device_cpu: 1,
+            shape: ChainShape::ONE,
+            indirect: false,
+            delayed_interrupts: false,
+        }
+    }
+
+    /// The features the ring must negotiate for this run.
+    pub fn features(&self) -> Features {
+        if self.indirect {
+            self.mode.features() | Features::RING_INDIRECT_DESC
+        } else {
+            self.mode.features()
         }
     }
 }
@@ -81,6 +108,11 @@ impl Config {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct DriverCounts {
     pub added: u64,
+    /// Chains added as an indirect table.
+    pub added_indirect: u64,
+    /// The most chains in flight at once: at most the queue size over the ring descriptors
+    /// a chain takes.
+    pub max_in_flight: u16,
     pub used: u64,
     /// `kick_prepare` answered "kick".
     pub kicks: u64,
@@ -99,6 +131,9 @@ pub struct DriverCounts {
 pub struct DeviceSideCounts {
     #[serde(flatten)]
     pub engine: DeviceCounts,
+    /// Descriptors of the popped chains (an indirect table's entries, not the one ring
+    /// descriptor pointing at it).
+    pub descriptors: u64,
     /// Call eventfd writes: must equal `engine.notifications`.
     pub call_writes: u64,
     /// Times the device slept on the kick eventfd, and those that found nothing to pop.
@@ -110,6 +145,9 @@ pub struct DeviceSideCounts {
 #[derive(Clone, Copy, Debug, Serialize)]
 pub struct Run {
     pub mode: Mode,
+    pub shape: ChainShape,
+    pub indirect: bool,
+    pub delayed_interrupts: bool,
     pub engine: &'static str,
     /// Chains completed.
     pub ops: u64,
@@ -143,6 +181,7 @@ impl Run {
             && d.used == self.ops
             && e.popped == self.ops
             && e.used == self.ops
+            && self.device.descriptors == self.ops * self.shape.descriptors() as u64
             && d.kick_writes == d.kicks
             && self.device.call_writes == e.notifications;
         if ok {
@@ -159,6 +198,13 @@ pub fn run<D: RingDevice + Send>(
     mut device: D,
     cfg: &Config,
 ) -> Result<Run, BenchError> {
+    if ring.config().features() != cfg.features() {
+        return Err(BenchError::Inconsistent(format!(
+            "the ring negotiated {:?}, the run needs {:?}",
+            ring.config().features(),
+            cfg.features()
+        )));
+    }
     let mut driver = ring.driver()?;
     if let Mode::Poll { used_batch } = cfg.mode {
         device.set_used_batch(used_batch);
@@ -168,8 +214,9 @@ pub fn run<D: RingDevice + Send>(
     let abort = AtomicBool::new(false);
     let finished = AtomicBool::new(false);
     let start = Barrier::new(2);
-    let bufs = ChainBufs::new(ChainShape::ONE);
+    let bufs = ChainBufs::new(cfg.shape);
     let sides = Sides {
+        delayed_interrupts: cfg.delayed_interrupts,
         kick: &kick,
         call: &call,
         abort: &abort,
@@ -221,6 +268,9 @@ pub fn run<D: RingDevice + Send>(
         };
         let run = Run {
             mode: cfg.mode,
+            shape: cfg.shape,
+            indirect: cfg.indirect,
+            delayed_interrupts: cfg.delayed_interrupts,
             engine: D::NAME,
             ops: drv_counts.used,
             secs,
@@ -266,12 +316,15 @@ struct Sides<'a> {
     finished: &'a AtomicBool,
     ops: u64,
     deadline: Option<Duration>,
+    /// The driver re-arms with `enable_cb_delayed`.
+    delayed_interrupts: bool,
 }
 
 impl Sides<'_> {
     fn driver_counts(driver: &DriverQueue<u32>, mut c: DriverCounts) -> DriverCounts {
         let s = driver.stats();
         c.added = s.added;
+        c.added_indirect = s.added_indirect;
         c.used = s.used;
         c.kicks = s.kicks;
         c.kicks_suppressed = s.kicks_suppressed;
@@ -305,6 +358,7 @@ impl Sides<'_> {
                 sent += 1;
                 limit.check(sent);
             }
+            c.max_in_flight = c.max_in_flight.max(driver.in_flight());
             // One kick decision per burst: the device polls, so it should say no.
             if driver.kick_prepare() {
                 self.kick.notify()?;
@@ -347,6 +401,7 @@ impl Sides<'_> {
                     c.kick_writes += 1;
                 }
             }
+            c.max_in_flight = c.max_in_flight.max(driver.in_flight());
             if done >= limit.ops {
                 break;
             }
@@ -354,7 +409,12 @@ impl Sides<'_> {
                 continue;
             }
             // Out of work: ask for a call, re-check, and only then sleep.
-            if driver.enable_cb() {
+            let pending = if self.delayed_interrupts {
+                driver.enable_cb_delayed()
+            } else {
+                driver.enable_cb()
+            };
+            if pending {
                 driver.disable_cb();
                 continue;
             }
@@ -393,6 +453,7 @@ impl Sides<'_> {
         let (mut n, mut since_signal) = (0, 0u16);
         while let Some(p) = device.pop()? {
             device.add_used(p.head, p.writable)?;
+            c.descriptors += p.descriptors as u64;
             n += 1;
             since_signal += 1;
             if since_signal == every {
@@ -465,6 +526,7 @@ impl Sides<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ring::QUEUE_SIZE;
 
     fn run_mode(mode: Mode) -> Run {
         let ring = RingMemory::new(mode.features()).unwrap();
@@ -485,6 +547,42 @@ mod tests {
             let r = run(&ring, device, &cfg).unwrap();
             assert!(r.ops > 0 && r.ops.is_multiple_of(4096), "{r:?}");
         }
+    }
+
+    #[test]
+    fn indirect_and_delayed_interrupts_complete_with_consistent_counts() {
+        for event_idx in [false, true] {
+            for indirect in [false, true] {
+                for delayed_interrupts in [false, true] {
+                    let mut cfg = Config::new(Mode::Sleep { event_idx }, 20_000);
+                    cfg.shape = ChainShape::TWO;
+                    cfg.indirect = indirect;
+                    cfg.delayed_interrupts = delayed_interrupts;
+                    let ring = RingMemory::new(cfg.features()).unwrap();
+                    let r = run(&ring, ring.vring_device().unwrap(), &cfg).unwrap();
+                    assert_eq!(r.device.descriptors, 40_000, "{cfg:?}");
+                    // An indirect chain takes one ring descriptor, a direct one two.
+                    if indirect {
+                        assert_eq!(r.driver.added_indirect, 20_000, "{cfg:?}");
+                    } else {
+                        assert_eq!(r.driver.added_indirect, 0, "{cfg:?}");
+                        assert!(r.driver.max_in_flight <= QUEUE_SIZE / 2, "{cfg:?}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_ring_without_the_run_features_is_refused() {
+        let mut cfg = Config::new(Mode::Sleep { event_idx: true }, 10);
+        cfg.indirect = true;
+        let ring = RingMemory::new(Features::RING_EVENT_IDX).unwrap();
+        let device = ring.vring_device().unwrap();
+        assert!(matches!(
+            run(&ring, device, &cfg),
+            Err(BenchError::Inconsistent(_))
+        ));
     }
 
     #[test]
