@@ -246,7 +246,30 @@ pub fn tables(r: &Results) -> Vec<Table> {
         r.secs_per_run
     ));
     t.note("ring full: frames that found the ring full and were sent again later (capacity stop/wake off: the queue stops only then).");
-    t.note("seed: \"fixes TX interrupt storms\" (no figure published): expect fewer tx interrupts per packet with delayed callbacks.");
+    t.note("seed: \"fixes TX interrupt storms\" (no figure published): fewer tx interrupts per packet.");
+    let irqs = |label: &str| {
+        r.modes
+            .iter()
+            .find(|m| m.label == label)
+            .map_or(f64::NAN, |m| m.interrupts_per_packet.median)
+    };
+    let on = irqs(MODES[0].0);
+    for (what, off_label) in [
+        ("seed 002 against the driver before it", MODES[4].0),
+        ("delayed callbacks alone", MODES[1].0),
+    ] {
+        let off = irqs(off_label);
+        let verdict = if on < off * 0.97 {
+            "fewer, the seed's direction"
+        } else {
+            "NOT FEWER: OUR DIRECTION DIFFERS FROM THE SEED'S (see docs/PERFORMANCE.md)"
+        };
+        t.note(format!(
+            "ours, {what}: tx interrupts/packet {} -> {} (medians): {verdict}",
+            count(off),
+            count(on)
+        ));
+    }
     vec![t]
 }
 
