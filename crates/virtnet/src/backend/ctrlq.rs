@@ -60,6 +60,50 @@ fn write_at(
     Ok(())
 }
 
+/// Handles every command pending on the control queue `q`; returns how many. Each gets its
+/// ack at once; a chain the ring engine refuses breaks the queue (and nothing more is done on
+/// it until the frontend restarts it). The control thread calls this on every wake-up; it is
+/// public so that the control-queue fuzz target can drive the device without the thread.
+pub fn process_commands(shared: &Shared, q: &mut QueueRuntime, chain: &mut Chain) -> usize {
+    if q.queue.broken().is_some() {
+        return 0;
+    }
+    let mut done = 0;
+    loop {
+        // Control commands are rare and latency-bound: answer each one at once.
+        q.queue.set_used_batch(1);
+        match q.queue.pop_into(chain) {
+            Ok(true) => {}
+            Ok(false) => return done,
+            Err(e) => {
+                break_queue(q, &e);
+                return done;
+            }
+        }
+        let delay = shared.config.ctrl_delay_us;
+        if delay > 0 {
+            std::thread::sleep(Duration::from_micros(delay as u64));
+        }
+        let result = CtrlWorker::answer(shared, q.queue.memory(), chain);
+        let c = &q.metrics.counters;
+        q.metrics.add(&c.ctrl_commands, 1);
+        let written = match result {
+            Ok(w) => w,
+            Err(e) => {
+                tracing::debug!(error = %e, "control command refused");
+                q.metrics.add(&c.ctrl_errors, 1);
+                0
+            }
+        };
+        if let Err(e) = q.queue.add_used(chain.head(), written) {
+            break_queue(q, &e);
+            return done;
+        }
+        notify(q);
+        done += 1;
+    }
+}
+
 impl CtrlWorker {
     pub(crate) fn new(
         shared: Arc<Shared>,
@@ -137,42 +181,9 @@ impl CtrlWorker {
 
     /// Handles every pending command; returns how many.
     fn process(&mut self) -> usize {
-        let Some(q) = self.queue.as_mut().filter(|q| q.queue.broken().is_none()) else {
-            return 0;
-        };
-        let mut done = 0;
-        loop {
-            // Control commands are rare and latency-bound: answer each one at once.
-            q.queue.set_used_batch(1);
-            match q.queue.pop_into(&mut self.chain) {
-                Ok(true) => {}
-                Ok(false) => return done,
-                Err(e) => {
-                    break_queue(q, &e);
-                    return done;
-                }
-            }
-            let delay = self.shared.config.ctrl_delay_us;
-            if delay > 0 {
-                std::thread::sleep(Duration::from_micros(delay as u64));
-            }
-            let result = Self::answer(&self.shared, q.queue.memory(), &self.chain);
-            let c = &q.metrics.counters;
-            q.metrics.add(&c.ctrl_commands, 1);
-            let written = match result {
-                Ok(w) => w,
-                Err(e) => {
-                    tracing::debug!(error = %e, "control command refused");
-                    q.metrics.add(&c.ctrl_errors, 1);
-                    0
-                }
-            };
-            if let Err(e) = q.queue.add_used(self.chain.head(), written) {
-                break_queue(q, &e);
-                return done;
-            }
-            notify(q);
-            done += 1;
+        match self.queue.as_mut() {
+            Some(q) => process_commands(&self.shared, q, &mut self.chain),
+            None => 0,
         }
     }
 

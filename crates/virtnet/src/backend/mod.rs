@@ -135,7 +135,42 @@ pub(crate) fn mac_to_u64(mac: [u8; 6]) -> u64 {
     u64::from_le_bytes(b)
 }
 
+fn check_pairs(pairs: u16) -> io::Result<()> {
+    if pairs == 0 || pairs > 128 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "queue pairs must be 1..=128",
+        ));
+    }
+    Ok(())
+}
+
 impl Shared {
+    /// The state of a device with `config.pairs` pairs (1..=128), every pair active and the
+    /// default receive filter; `taps` holds one control handle per pair, or none without a
+    /// TAP. [`Device::new`] builds it; the control-queue fuzz target builds one alone, to
+    /// drive [`ctrlq::process_commands`] without the worker threads.
+    pub fn new(config: BackendConfig, taps: Vec<TapQueue>) -> io::Result<Shared> {
+        check_pairs(config.pairs)?;
+        let n = 2 * config.pairs as usize + 1;
+        let metrics: Vec<_> = (0..n).map(|_| Arc::new(QueueMetrics::default())).collect();
+        for m in &metrics {
+            m.busy_poll_us.store(config.busy_poll_us, Relaxed);
+        }
+        Ok(Shared {
+            active_pairs: AtomicU16::new(config.pairs),
+            promisc: AtomicBool::new(true),
+            allmulti: AtomicBool::new(false),
+            mac: AtomicU64::new(mac_to_u64(config.mac)),
+            wakes: (0..config.pairs)
+                .map(|_| vmm_sys_util::eventfd::EventFd::new(libc::EFD_NONBLOCK))
+                .collect::<io::Result<_>>()?,
+            config,
+            metrics,
+            taps,
+        })
+    }
+
     pub fn mac(&self) -> [u8; 6] {
         let b = self.mac.load(Relaxed).to_le_bytes();
         [b[0], b[1], b[2], b[3], b[4], b[5]]
@@ -179,17 +214,7 @@ pub struct Device {
 
 impl Device {
     pub fn new(config: BackendConfig) -> io::Result<Arc<Device>> {
-        if config.pairs == 0 || config.pairs > 128 {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "queue pairs must be 1..=128",
-            ));
-        }
-        let n = 2 * config.pairs as usize + 1;
-        let metrics: Vec<_> = (0..n).map(|_| Arc::new(QueueMetrics::default())).collect();
-        for m in &metrics {
-            m.busy_poll_us.store(config.busy_poll_us, Relaxed);
-        }
+        check_pairs(config.pairs)?;
         let mut taps = Vec::new();
         let mut ios = Vec::new();
         for _ in 0..config.pairs {
@@ -204,18 +229,7 @@ impl Device {
                 IoMode::Echo => Io::Echo,
             });
         }
-        let shared = Arc::new(Shared {
-            active_pairs: AtomicU16::new(config.pairs),
-            promisc: AtomicBool::new(true),
-            allmulti: AtomicBool::new(false),
-            mac: AtomicU64::new(mac_to_u64(config.mac)),
-            wakes: (0..config.pairs)
-                .map(|_| vmm_sys_util::eventfd::EventFd::new(libc::EFD_NONBLOCK))
-                .collect::<io::Result<_>>()?,
-            config,
-            metrics,
-            taps,
-        });
+        let shared = Arc::new(Shared::new(config, taps)?);
         let mut workers = Vec::new();
         for (p, io) in ios.into_iter().enumerate() {
             workers.push(WorkerHandle::spawn(p as u16, io, shared.clone())?);
@@ -333,50 +347,59 @@ pub struct DeviceReport {
     pub mac: String,
 }
 
+/// The vhost-user message layer of one connection, dispatching to its [`vhost::Connection`].
+pub type RequestHandler = BackendReqHandler<Mutex<vhost::Connection>>;
+
 /// Serves one frontend connection until it goes away or breaks the protocol, then stops its
 /// queues. Never panics on frontend input.
 pub fn serve_connection(device: &Arc<Device>, stream: UnixStream) {
     device.reset();
     let conn = Arc::new(Mutex::new(vhost::Connection::new(device.clone())));
-    let mut handler = BackendReqHandler::from_stream(stream, conn.clone());
-    loop {
-        match handler.handle_request() {
-            Ok(()) => {}
-            Err(VuError::Disconnected) | Err(VuError::PartialMessage) => {
-                tracing::info!("frontend disconnected");
-                break;
-            }
-            Err(VuError::InactiveFeature(_)) => {
-                // SET_VRING_ENABLE before SET_FEATURES (QEMU 7.2): see Connection.
-                tracing::debug!("ring enabled before features were set; enabling at SET_FEATURES");
-                if let Ok(mut c) = conn.lock() {
-                    c.enable_before_features = true;
-                }
-            }
-            Err(e) => {
-                let must_close = conn.lock().map(|c| c.must_disconnect).unwrap_or(true);
-                let socket_level = matches!(
-                    e,
-                    VuError::SocketBroken(_)
-                        | VuError::SocketError(_)
-                        | VuError::SocketRetry(_)
-                        | VuError::InvalidMessage
-                        | VuError::OversizedMsg
-                        | VuError::IncorrectFds
-                );
-                tracing::warn!(error = %e, "vhost-user request failed");
-                if must_close || socket_level {
-                    tracing::warn!("closing the connection");
-                    break;
-                }
-            }
-        }
-    }
+    let mut handler = RequestHandler::from_stream(stream, conn.clone());
+    while serve_request(&mut handler, &conn) {}
     drop(handler);
     match conn.lock() {
         Ok(mut c) => c.stop_all(),
         Err(poisoned) => poisoned.into_inner().stop_all(),
     };
+}
+
+/// Handles one request of the frontend; returns false when the connection must close: the
+/// frontend went away, broke the message layer, or waits for a reply we could not send.
+/// Public so that the vhost-user fuzz target steps through the same loop, message by message.
+pub fn serve_request(handler: &mut RequestHandler, conn: &Mutex<vhost::Connection>) -> bool {
+    match handler.handle_request() {
+        Ok(()) => true,
+        Err(VuError::Disconnected) | Err(VuError::PartialMessage) => {
+            tracing::info!("frontend disconnected");
+            false
+        }
+        Err(VuError::InactiveFeature(_)) => {
+            // SET_VRING_ENABLE before SET_FEATURES (QEMU 7.2): see Connection.
+            tracing::debug!("ring enabled before features were set; enabling at SET_FEATURES");
+            if let Ok(mut c) = conn.lock() {
+                c.enable_before_features = true;
+            }
+            true
+        }
+        Err(e) => {
+            let must_close = conn.lock().map(|c| c.must_disconnect).unwrap_or(true);
+            let socket_level = matches!(
+                e,
+                VuError::SocketBroken(_)
+                    | VuError::SocketError(_)
+                    | VuError::SocketRetry(_)
+                    | VuError::InvalidMessage
+                    | VuError::OversizedMsg
+                    | VuError::IncorrectFds
+            );
+            tracing::warn!(error = %e, "vhost-user request failed");
+            if must_close || socket_level {
+                tracing::warn!("closing the connection");
+            }
+            !(must_close || socket_level)
+        }
+    }
 }
 
 /// Accepts frontends one after another until `stop` is set.

@@ -407,12 +407,11 @@ impl VhostUserBackendReqHandlerMut for Connection {
         }
         .to_bytes();
         let (o, s) = (offset as usize, size as usize);
+        // Out of range: the message layer answers an empty payload (the spec's error reply),
+        // so the frontend is not left waiting and the connection need not close.
         match o.checked_add(s) {
             Some(end) if end <= cfg.len() => Ok(cfg[o..end].to_vec()),
-            _ => {
-                self.must_disconnect = true;
-                Err(VuError::InvalidParam)
-            }
+            _ => Err(VuError::InvalidParam),
         }
     }
 
