@@ -10,15 +10,19 @@
 //! back into the bytes `arbitrary` decodes it from) and replay the committed corpus on stable
 //! Rust without libFuzzer.
 
+pub mod ctrl;
 pub mod device;
 pub mod driver;
 pub mod encode;
 pub mod mem;
 pub mod rings;
+pub mod vhost_user;
 pub mod walk;
 
 #[cfg(test)]
 mod seeds;
+#[cfg(test)]
+mod seeds_backend;
 
 use arbitrary::{Arbitrary, Unstructured};
 

@@ -618,14 +618,14 @@ fn driver_seeds() -> Vec<DriverSeed> {
 
 // ---- Writing and replaying the corpus.
 
-fn corpus_dir(target: &str) -> PathBuf {
+pub(crate) fn corpus_dir(target: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("corpus")
         .join(target)
 }
 
 /// Writes `seed-<name>` for each seed and removes `seed-*` files no seed writes any more.
-fn write_corpus(target: &str, seeds: &[(&str, Vec<u8>)]) {
+pub(crate) fn write_corpus(target: &str, seeds: &[(&str, Vec<u8>)]) {
     let dir = corpus_dir(target);
     std::fs::create_dir_all(&dir).unwrap();
     for entry in std::fs::read_dir(&dir).unwrap() {
@@ -701,7 +701,7 @@ fn driver_seeds_are_written_and_the_corpus_replays() {
 
 /// Runs every file in `corpus/<target>`: the seeds just written, and any other input committed
 /// there (minimised crashes).
-fn replay(target: &str, run: fn(&[u8])) {
+pub(crate) fn replay(target: &str, run: fn(&[u8])) {
     let dir = corpus_dir(target);
     let mut n = 0;
     for entry in std::fs::read_dir(&dir).unwrap() {
