@@ -1,7 +1,7 @@
 //! The `vhost_user` target: the backend's vhost-user protocol handler (rust-vmm `vhost`'s
 //! message layer dispatching to `virtnet::backend::vhost::Connection`) facing a hostile
 //! frontend, through a real unix socket pair and the same per-request loop as the backend's
-//! accept loop (`virtnet::backend::serve_request`).
+//! accept loop (`virtnet::backend::Session::serve_one`).
 //!
 //! The input is a list of messages: a request code (one of those the spec defines, most of the
 //! time), header flags, a body built field by field (memory tables, ring addresses, ring
@@ -25,10 +25,10 @@ use std::io::{Read, Write};
 use std::net::Shutdown;
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::UnixStream;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use arbitrary::Arbitrary;
-use virtnet::backend::{self, vhost::Connection, BackendConfig, Device, IoMode, RequestHandler};
+use virtnet::backend::{BackendConfig, Device, IoMode, Session};
 use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 use vring::{GuestAddress, GuestMemory};
@@ -491,45 +491,28 @@ fn wire(m: &Message) -> Vec<u8> {
     b
 }
 
-/// A connection of the backend: the frontend's socket end and the backend's handler.
+/// A connection of the backend: the frontend's socket end and the backend's session.
 struct Conn {
     frontend: UnixStream,
-    handler: Option<RequestHandler>,
-    conn: Arc<Mutex<Connection>>,
+    session: Session,
 }
 
 impl Conn {
     fn open(device: &Arc<Device>) -> Conn {
         let (frontend, backend_end) = UnixStream::pair().expect("socketpair");
         frontend.set_nonblocking(true).unwrap();
-        device.reset();
-        let conn = Arc::new(Mutex::new(Connection::new(device.clone())));
-        let handler = RequestHandler::from_stream(backend_end, conn.clone());
-        Conn {
-            frontend,
-            handler: Some(handler),
-            conn,
-        }
+        let session = Session::new(device, backend_end).expect("session");
+        Conn { frontend, session }
     }
 
     /// One request, as `serve_connection` handles it; false: the connection closed.
     fn serve(&mut self) -> bool {
-        let h = self.handler.as_mut().expect("connection open");
-        if backend::serve_request(h, &self.conn) {
-            return true;
-        }
-        self.close();
-        false
+        self.session.serve_one()
     }
 
     /// What `serve_connection` does when its loop ends.
     fn close(&mut self) {
-        if self.handler.take().is_some() {
-            match self.conn.lock() {
-                Ok(mut c) => c.stop_all(),
-                Err(poisoned) => poisoned.into_inner().stop_all(),
-            }
-        }
+        self.session.close();
     }
 
     /// Everything the backend sent so far; `true` when it has closed its end, too.

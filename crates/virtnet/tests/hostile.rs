@@ -240,3 +240,62 @@ fn reconnect_in_the_middle_of_traffic_resumes() {
     assert_eq!(got.len(), 1000);
     assert!(b.device.reports()[1].counters.packets >= before + 1000);
 }
+
+/// Sends one request in the vhost-user framing (three native-endian u32, then the payload).
+fn raw_send(s: &mut UnixStream, code: u32, flags: u32, payload: &[u8]) {
+    let mut m = Vec::new();
+    for w in [code, flags, payload.len() as u32] {
+        m.extend_from_slice(&w.to_ne_bytes());
+    }
+    m.extend_from_slice(payload);
+    s.write_all(&m).unwrap();
+}
+
+/// Reads one reply carrying a u64: (request code, value).
+fn raw_reply_u64(s: &mut UnixStream) -> (u32, u64) {
+    use std::io::Read;
+    let mut r = [0u8; 20];
+    s.read_exact(&mut r).unwrap();
+    let w = |i: usize| u32::from_ne_bytes(r[4 * i..4 * i + 4].try_into().unwrap());
+    assert_eq!((w(1) & 0x4, w(2)), (0x4, 8), "a reply with a u64");
+    (w(0), u64::from_ne_bytes(r[12..].try_into().unwrap()))
+}
+
+#[test]
+fn status_is_kept_and_a_broken_queue_reports_needs_reset() {
+    const GET_FEATURES: u32 = 1;
+    const SET_FEATURES: u32 = 2;
+    const SET_OWNER: u32 = 3;
+    const GET_PROTOCOL_FEATURES: u32 = 15;
+    const SET_PROTOCOL_FEATURES: u32 = 16;
+    const SET_STATUS: u32 = 39;
+    const GET_STATUS: u32 = 40;
+    let b = echo_backend("status");
+    let mut s = UnixStream::connect(&b.socket).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    raw_send(&mut s, SET_OWNER, 1, &[]);
+    raw_send(&mut s, GET_FEATURES, 1, &[]);
+    let features = raw_reply_u64(&mut s).1;
+    raw_send(&mut s, SET_FEATURES, 1, &features.to_ne_bytes());
+    raw_send(&mut s, GET_PROTOCOL_FEATURES, 1, &[]);
+    let protocol = raw_reply_u64(&mut s).1;
+    let status_bit = VhostUserProtocolFeatures::STATUS.bits();
+    assert!(protocol & status_bit != 0, "STATUS offered");
+    raw_send(&mut s, SET_PROTOCOL_FEATURES, 1, &protocol.to_ne_bytes());
+    // ACKNOWLEDGE | DRIVER | FEATURES_OK | DRIVER_OK, with REPLY_ACK's NEED_REPLY.
+    raw_send(&mut s, SET_STATUS, 1 | 0x8, &15u64.to_ne_bytes());
+    assert_eq!(raw_reply_u64(&mut s), (SET_STATUS, 0), "acked with success");
+    raw_send(&mut s, GET_STATUS, 1, &[]);
+    assert_eq!(raw_reply_u64(&mut s), (GET_STATUS, 15));
+    // A queue the guest broke: the device asks for a reset (virtio NEEDS_RESET, 0x40).
+    b.device
+        .metrics(1)
+        .set_broken("test: a hostile ring".into());
+    raw_send(&mut s, GET_STATUS, 1, &[]);
+    assert_eq!(raw_reply_u64(&mut s), (GET_STATUS, 15 | 0x40));
+    // The ordinary requests still go through rust-vmm's handler on the same connection.
+    raw_send(&mut s, GET_FEATURES, 1, &[]);
+    assert_eq!(raw_reply_u64(&mut s), (GET_FEATURES, features));
+    drop(s);
+    assert_still_serves(&b);
+}

@@ -14,6 +14,7 @@
 pub mod ctl;
 pub mod ctrlq;
 pub mod metrics;
+pub mod status;
 pub mod vhost;
 pub mod worker;
 
@@ -35,7 +36,8 @@ use worker::{Io, WorkerHandle};
 pub const PROTOCOL_FEATURES: VhostUserProtocolFeatures = VhostUserProtocolFeatures::MQ
     .union(VhostUserProtocolFeatures::REPLY_ACK)
     .union(VhostUserProtocolFeatures::CONFIG)
-    .union(VhostUserProtocolFeatures::MTU);
+    .union(VhostUserProtocolFeatures::MTU)
+    .union(VhostUserProtocolFeatures::STATUS);
 
 /// The virtio features the device offers (on top of vhost-user's PROTOCOL_FEATURES bit).
 /// The control queue features are for drivers that pass the control queue to us (ours, DPDK);
@@ -353,21 +355,105 @@ pub type RequestHandler = BackendReqHandler<Mutex<vhost::Connection>>;
 /// Serves one frontend connection until it goes away or breaks the protocol, then stops its
 /// queues. Never panics on frontend input.
 pub fn serve_connection(device: &Arc<Device>, stream: UnixStream) {
-    device.reset();
-    let conn = Arc::new(Mutex::new(vhost::Connection::new(device.clone())));
-    let mut handler = RequestHandler::from_stream(stream, conn.clone());
-    while serve_request(&mut handler, &conn) {}
-    drop(handler);
-    match conn.lock() {
-        Ok(mut c) => c.stop_all(),
-        Err(poisoned) => poisoned.into_inner().stop_all(),
-    };
+    match Session::new(device, stream) {
+        Ok(mut s) => while s.serve_one() {},
+        Err(e) => tracing::warn!(error = %e, "cannot serve the frontend"),
+    }
 }
 
-/// Handles one request of the frontend; returns false when the connection must close: the
-/// frontend went away, broke the message layer, or waits for a reply we could not send.
-/// Public so that the vhost-user fuzz target steps through the same loop, message by message.
-pub fn serve_request(handler: &mut RequestHandler, conn: &Mutex<vhost::Connection>) -> bool {
+/// One frontend connection being served: rust-vmm's request handler over our protocol state,
+/// plus the status requests the handler does not dispatch ([`status`]).
+pub struct Session {
+    handler: Option<RequestHandler>,
+    conn: Arc<Mutex<vhost::Connection>>,
+    /// The same socket, to peek at each request and answer the status requests.
+    stream: UnixStream,
+    status: status::Status,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("open", &self.handler.is_some())
+            .field("status", &self.status)
+            .finish()
+    }
+}
+
+impl Session {
+    /// A fresh connection: the device is reset to its defaults.
+    pub fn new(device: &Arc<Device>, stream: UnixStream) -> io::Result<Session> {
+        device.reset();
+        let conn = Arc::new(Mutex::new(vhost::Connection::new(device.clone())));
+        Ok(Session {
+            stream: stream.try_clone()?,
+            handler: Some(RequestHandler::from_stream(stream, conn.clone())),
+            conn,
+            status: status::Status::default(),
+        })
+    }
+
+    /// Handles one request; returns false once the connection has closed (its queues are
+    /// stopped then). Public so that the vhost-user fuzz target steps through the same loop,
+    /// message by message.
+    pub fn serve_one(&mut self) -> bool {
+        let Some(handler) = self.handler.as_mut() else {
+            return false;
+        };
+        let (negotiated, reply_ack) = match self.conn.lock() {
+            Ok(c) => {
+                let p = c.acked_protocol();
+                let status = p.contains(VhostUserProtocolFeatures::STATUS);
+                (status, p.contains(VhostUserProtocolFeatures::REPLY_ACK))
+            }
+            Err(_) => (false, false),
+        };
+        // Read when GET_STATUS arrives, not before waiting for it.
+        let conn = &self.conn;
+        let needs_reset = || conn.lock().map(|c| c.needs_reset()).unwrap_or(true);
+        let open = match self
+            .status
+            .handle_next(&self.stream, negotiated, reply_ack, needs_reset)
+        {
+            Ok(status::Handled::Yes) => true,
+            Ok(status::Handled::No) => serve_request(handler, &self.conn),
+            Ok(status::Handled::Close(why)) => {
+                tracing::warn!(why, "closing the connection");
+                false
+            }
+            Err(e) => {
+                tracing::info!(error = %e, "frontend disconnected");
+                false
+            }
+        };
+        if !open {
+            self.close();
+        }
+        open
+    }
+
+    /// Closes the connection and stops its queues (what happens when the frontend goes away).
+    pub fn close(&mut self) {
+        if self.handler.take().is_some() {
+            // Our clone of the socket would keep it open: the frontend must see the close.
+            let _ = self.stream.shutdown(std::net::Shutdown::Both);
+            match self.conn.lock() {
+                Ok(mut c) => c.stop_all(),
+                Err(poisoned) => poisoned.into_inner().stop_all(),
+            };
+        }
+    }
+
+    /// The device status byte as GET_STATUS reports it.
+    pub fn status(&self) -> u8 {
+        self.status.status
+    }
+}
+
+/// Handles one request of the frontend through rust-vmm's handler; returns false when the
+/// connection must close: the frontend went away, broke the message layer, or waits for a
+/// reply we could not send.
+fn serve_request(handler: &mut RequestHandler, conn: &Mutex<vhost::Connection>) -> bool {
     match handler.handle_request() {
         Ok(()) => true,
         Err(VuError::Disconnected) | Err(VuError::PartialMessage) => {

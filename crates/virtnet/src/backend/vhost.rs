@@ -86,6 +86,16 @@ impl Connection {
             .ok_or(VuError::InvalidParam)
     }
 
+    /// The protocol features the frontend acknowledged.
+    pub fn acked_protocol(&self) -> VhostUserProtocolFeatures {
+        self.acked_protocol
+    }
+
+    /// Whether a queue of the device is broken, which GET_STATUS reports as NEEDS_RESET.
+    pub fn needs_reset(&self) -> bool {
+        (0..self.device.num_queues()).any(|q| self.device.metrics(q).is_broken())
+    }
+
     fn protocol_negotiated(&self) -> bool {
         self.acked_features.0 & VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits() != 0
     }

@@ -162,3 +162,28 @@ pub fn poll_readable(fds: &[RawFd], timeout_ms: i32) -> u32 {
         .filter(|(_, q)| q.revents & libc::POLLIN != 0)
         .fold(0, |m, (i, _)| m | 1 << i)
 }
+
+/// Copies up to `buf.len()` bytes waiting on `socket` into `buf` without consuming them
+/// (`recv(MSG_PEEK)`); blocks until at least one byte is there, and may return fewer bytes
+/// than are coming (MSG_WAITALL does not apply to peeks on unix sockets). 0: the peer closed.
+pub fn peek(socket: &std::os::unix::net::UnixStream, buf: &mut [u8]) -> io::Result<usize> {
+    use std::os::fd::AsRawFd;
+    loop {
+        // SAFETY: `buf` is valid for writes of `buf.len()` bytes; the kernel writes at most that.
+        let r = unsafe {
+            libc::recv(
+                socket.as_raw_fd(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                libc::MSG_PEEK,
+            )
+        };
+        if r >= 0 {
+            return Ok(r as usize);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
