@@ -537,15 +537,11 @@ fn reap(
                 }
                 let last = want.len() - 1;
                 want[last] = if a.ok { 0 } else { 1 };
-                match a.reply {
-                    Some(r) => {
-                        want[..8].copy_from_slice(&r);
-                        9
-                    }
-                    None if a.ok => 1,
-                    // ERR acks are written but reported with length 0 (see ctrlq::answer).
-                    None => 0,
+                if let Some(r) = a.reply {
+                    want[..8].copy_from_slice(&r);
                 }
+                // The used length covers the ack in the last writable byte.
+                want.len() as u32
             }
         };
         let mut got = Vec::new();

@@ -87,14 +87,11 @@ pub fn process_commands(shared: &Shared, q: &mut QueueRuntime, chain: &mut Chain
         let result = CtrlWorker::answer(shared, q.queue.memory(), chain);
         let c = &q.metrics.counters;
         q.metrics.add(&c.ctrl_commands, 1);
-        let written = match result {
-            Ok(w) => w,
-            Err(e) => {
-                tracing::debug!(error = %e, "control command refused");
-                q.metrics.add(&c.ctrl_errors, 1);
-                0
-            }
-        };
+        let (written, refused) = result;
+        if let Some(e) = refused {
+            tracing::debug!(error = %e, "control command refused");
+            q.metrics.add(&c.ctrl_errors, 1);
+        }
         if let Err(e) = q.queue.add_used(chain.head(), written) {
             break_queue(q, &e);
             return done;
@@ -187,11 +184,12 @@ impl CtrlWorker {
         }
     }
 
-    /// Decodes, applies and acks one command chain; returns the bytes written.
-    fn answer(shared: &Shared, mem: &GuestMemory, chain: &Chain) -> Result<u32, String> {
+    /// Decodes, applies and acks one command chain. Returns the used length, which covers the
+    /// ack in the last writable byte, and why the command was refused, if it was.
+    fn answer(shared: &Shared, mem: &GuestMemory, chain: &Chain) -> (u32, Option<String>) {
         let writable = chain.writable_len();
         if writable == 0 {
-            return Err("no room for the ack".into());
+            return (0, Some("no room for the ack".into()));
         }
         let (ack, reply) = match Self::read_command(mem, chain) {
             Ok(cmd) if (writable as usize) < cmd.reply_len() + 1 => (
@@ -208,13 +206,16 @@ impl CtrlWorker {
             Err(e) => (ctrl::ERR, Err(e)),
         };
         let segs = chain.writable();
-        let mut written = 1u32;
         if let Ok(Some(r)) = &reply {
-            write_at(mem, segs, 0, r).map_err(|e| e.to_string())?;
-            written += r.len() as u32;
+            if let Err(e) = write_at(mem, segs, 0, r) {
+                return (0, Some(e.to_string()));
+            }
         }
-        write_at(mem, segs, writable - 1, &[ack]).map_err(|e| e.to_string())?;
-        reply.map(|_| written)
+        if let Err(e) = write_at(mem, segs, writable - 1, &[ack]) {
+            return (0, Some(e.to_string()));
+        }
+        // The chain's writable size is bounded by the engine's total-length check (u32).
+        (writable as u32, reply.err())
     }
 
     fn read_command(mem: &GuestMemory, chain: &Chain) -> Result<CtrlCommand, String> {
