@@ -129,6 +129,8 @@ pub struct Shared {
     pub mac: AtomicU64,
     /// Each data worker's wake-up eventfd, so a control command can get it to re-check.
     pub wakes: Vec<vmm_sys_util::eventfd::EventFd>,
+    /// The virtio features the frontend acknowledged (0 before SET_FEATURES), for reports.
+    pub features: AtomicU64,
 }
 
 pub(crate) fn mac_to_u64(mac: [u8; 6]) -> u64 {
@@ -164,6 +166,7 @@ impl Shared {
             promisc: AtomicBool::new(true),
             allmulti: AtomicBool::new(false),
             mac: AtomicU64::new(mac_to_u64(config.mac)),
+            features: AtomicU64::new(0),
             wakes: (0..config.pairs)
                 .map(|_| vmm_sys_util::eventfd::EventFd::new(libc::EFD_NONBLOCK))
                 .collect::<io::Result<_>>()?,
@@ -297,6 +300,7 @@ impl Device {
         s.promisc.store(true, Relaxed);
         s.allmulti.store(false, Relaxed);
         s.mac.store(mac_to_u64(s.config.mac), Relaxed);
+        s.features.store(0, Relaxed);
         for m in &s.metrics {
             m.set_coalesce(crate::net::ctrl::Coalesce::default());
         }
@@ -329,6 +333,7 @@ impl Device {
             active_pairs: s.active_pairs.load(Relaxed),
             promisc: s.promisc.load(Relaxed),
             allmulti: s.allmulti.load(Relaxed),
+            features: Features(s.features.load(Relaxed)).to_string(),
             mac: s
                 .mac()
                 .iter()
@@ -346,6 +351,9 @@ pub struct DeviceReport {
     pub active_pairs: u16,
     pub promisc: bool,
     pub allmulti: bool,
+    /// The negotiated virtio features, by name ("VERSION_1|IN_ORDER|..."); empty before
+    /// SET_FEATURES.
+    pub features: String,
     pub mac: String,
 }
 

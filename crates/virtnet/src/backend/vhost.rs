@@ -218,6 +218,10 @@ impl VhostUserBackendReqHandlerMut for Connection {
         }
         self.acked_features = acked;
         self.features_set = true;
+        self.device
+            .shared()
+            .features
+            .store(acked.0, std::sync::atomic::Ordering::Relaxed);
         // Without protocol features, rings start enabled (vhost-user spec, "Ring states"); see
         // `enable_before_features` for the other case.
         let enabled = !self.protocol_negotiated() || self.enable_before_features;
