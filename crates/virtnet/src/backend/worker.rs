@@ -882,6 +882,9 @@ impl Worker {
 
 /// Frames per burst of [`deliver_burst`]: as many buffer fetches in flight as the CPU keeps.
 const BURST: usize = 32;
+/// Cache lines of rx buffers prefetched ahead of the copies: enough transfers in flight to
+/// hide their latency, few enough for the CPU's miss buffers.
+const PREFETCH_LINES: usize = 16;
 
 /// Puts up to `max` copies of `frame` (header first) into the rx queue, as long as each fits
 /// the first writable segment of one chain: all the chains are popped and their buffers
@@ -907,25 +910,37 @@ fn deliver_burst(
     if chains.len() < max {
         chains.resize_with(max, Chain::new);
     }
+    if !rx.queue.avail_pending()? {
+        return Ok(0);
+    }
+    rx.queue.prefetch_burst(max as u16);
     let mut n = 0;
     while n < max {
         if !rx.queue.pop_into(&mut chains[n])? {
             break;
         }
         match chains[n].writable().first() {
-            Some(s) if s.len as usize >= frame.len() => {
-                rx.queue.memory().prefetch_write(s.addr, frame.len());
-                n += 1;
-            }
+            Some(s) if s.len as usize >= frame.len() => n += 1,
             _ => {
                 rx.queue.undo_pop(1);
                 break;
             }
         }
     }
-    for c in &chains[..n] {
-        let s = c.writable()[0];
-        rx.queue.memory().write(s.addr, &frame[..])?;
+    // Whole frames, as many ahead as keep about PREFETCH_LINES cache lines in flight.
+    let lines = frame.len().div_ceil(64).max(1);
+    let ahead = (PREFETCH_LINES / lines).clamp(1, BURST);
+    let prefetch =
+        |q: &DeviceQueue, c: &Chain| q.memory().prefetch_write(c.writable()[0].addr, frame.len());
+    for c in &chains[..n.min(ahead)] {
+        prefetch(&rx.queue, c);
+    }
+    for i in 0..n {
+        if i + ahead < n {
+            prefetch(&rx.queue, &chains[i + ahead]);
+        }
+        let c = &chains[i];
+        rx.queue.memory().write(c.writable()[0].addr, &frame[..])?;
         rx.queue.add_used(c.head(), frame.len() as u32)?;
     }
     Ok(n)
