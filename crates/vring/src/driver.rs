@@ -253,7 +253,7 @@ impl<T> DriverQueue<T> {
                 let last = n + 1 == total;
                 let flags = write | if last { 0 } else { DESC_F_NEXT };
                 let next = if last { 0 } else { self.next[i as usize] };
-                self.rings.set_desc(
+                self.rings.update_desc(
                     i,
                     Desc {
                         addr: b.addr.0,
@@ -373,6 +373,25 @@ impl<T> DriverQueue<T> {
             fence(SeqCst);
         }
         Ok(token.map(|t| (t, len)))
+    }
+
+    /// Used chains already seen by [`DriverQueue::get_used`] and not yet reclaimed (no read of
+    /// `used.idx`): how far ahead [`DriverQueue::peek_used`] can look.
+    pub fn used_seen(&self) -> u16 {
+        self.used_cache.wrapping_sub(self.last_used)
+    }
+
+    /// The token of the used chain `ahead` places after the next one, without reclaiming it,
+    /// for prefetching its buffer. A hint: a bad or unknown element gives `None` here and
+    /// breaks the queue only when [`DriverQueue::get_used`] reaches it.
+    pub fn peek_used(&self, ahead: u16) -> Option<&T> {
+        if ahead >= self.used_seen() {
+            return None;
+        }
+        let (id, _) = self
+            .rings
+            .used_elem(self.last_used.wrapping_add(ahead) & self.mask);
+        self.slots.get(id as usize)?.token.as_ref()
     }
 
     /// Returns chain `head` to the free list and takes its token.
@@ -530,6 +549,50 @@ mod tests {
         let all: Vec<_> = (0..8).map(|i| buf(i, 1)).collect();
         p.driver.add(&all, &[], 2).unwrap();
         assert_eq!(p.device.pop().unwrap().unwrap().readable().len(), 8);
+    }
+
+    #[test]
+    fn peek_used_looks_ahead_without_reclaiming() {
+        let mut p = pair(8, Features::EMPTY);
+        for i in 0..4 {
+            p.driver.add(&[buf(i, 10)], &[], i as u32 + 100).unwrap();
+        }
+        write_used(&p, 0, 0, 0, 1);
+        write_used(&p, 1, 1, 0, 2);
+        write_used(&p, 2, 3, 0, 3);
+        write_used(&p, 3, 7, 0, 4); // An id that is not in flight.
+        assert_eq!(p.driver.peek_used(0), None, "used.idx not read yet");
+        assert_eq!(p.driver.get_used(), Ok(Some((100, 0))));
+        assert_eq!(p.driver.used_seen(), 3);
+        assert_eq!(p.driver.peek_used(0), Some(&101));
+        assert_eq!(p.driver.peek_used(1), Some(&103));
+        assert_eq!(p.driver.peek_used(2), None, "a bad id is only a miss here");
+        assert_eq!(p.driver.peek_used(3), None);
+        assert_eq!(p.driver.get_used(), Ok(Some((101, 0))));
+        assert_eq!(p.driver.get_used(), Ok(Some((103, 0))));
+        assert_eq!(p.driver.get_used(), Err(Error::UsedIdNotInFlight { id: 7 }));
+    }
+
+    #[test]
+    fn descriptors_posted_again_hold_the_right_buffer() {
+        let mut p = pair(8, Features::EMPTY);
+        p.driver.add(&[], &[buf(1, 64)], 0).unwrap();
+        let desc = p.config.rings().desc.0;
+        let mut before = [0u8; 16];
+        p.mem.read(GuestAddress(desc), &mut before).unwrap();
+        write_used(&p, 0, 0, 64, 1);
+        assert_eq!(p.driver.get_used(), Ok(Some((0, 64))));
+        // The same buffer again: the descriptor holds what it held (the store is skipped);
+        // another buffer: it is written.
+        p.driver.add(&[], &[buf(1, 64)], 1).unwrap();
+        let mut after = [0u8; 16];
+        p.mem.read(GuestAddress(desc), &mut after).unwrap();
+        assert_eq!(before, after);
+        write_used(&p, 1, 0, 0, 2);
+        assert_eq!(p.driver.get_used(), Ok(Some((1, 0))));
+        p.driver.add(&[], &[buf(2, 32)], 2).unwrap();
+        p.mem.read(GuestAddress(desc), &mut after).unwrap();
+        assert_eq!(u32::from_le_bytes(after[8..12].try_into().unwrap()), 32);
     }
 
     #[test]

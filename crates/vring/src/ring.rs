@@ -150,6 +150,20 @@ impl Rings {
         d[i + 1].store(w, Relaxed);
     }
 
+    /// Like [`Rings::set_desc`], but leaves a descriptor that already holds `desc` untouched:
+    /// a buffer posted again in the same slot (rx refills, reused tx buffers) then costs the
+    /// device no cache-line transfer, because the line stays shared instead of dirtied.
+    #[inline(always)]
+    pub fn update_desc(&self, i: u16, desc: Desc) {
+        let d = self.desc.as_slice();
+        let (a, w) = desc.to_words();
+        let i = i as usize * 2;
+        if d[i].load(Relaxed) != a || d[i + 1].load(Relaxed) != w {
+            d[i].store(a, Relaxed);
+            d[i + 1].store(w, Relaxed);
+        }
+    }
+
     // ---- Avail ring: written by the driver, read by the device.
 
     #[inline(always)]
