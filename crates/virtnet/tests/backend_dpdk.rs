@@ -16,26 +16,14 @@ mod support;
 use std::time::{Duration, Instant};
 
 use common::start_backend;
-use support::packages;
-use support::testpmd::{Testpmd, TESTPMD_REQUIREMENTS};
+use support::testpmd::Testpmd;
 use virtnet::backend::{BackendConfig, IoMode};
 
 const TEST: &str = "backend_dpdk";
 const FRAME: usize = 64;
 
 fn ready() -> bool {
-    if !packages::is_root() {
-        packages::skip(
-            TEST,
-            "not root: cannot install dpdk-dev or use /var/run/dpdk",
-        );
-        return false;
-    }
-    if let Err(why) = packages::ensure(TESTPMD_REQUIREMENTS) {
-        packages::skip(TEST, &why);
-        return false;
-    }
-    true
+    support::testpmd::ready(TEST)
 }
 
 #[test]

@@ -23,8 +23,7 @@ mod support;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use support::packages;
-use support::testpmd::{Testpmd, TESTPMD_REQUIREMENTS};
+use support::testpmd::Testpmd;
 use support::{report, ScratchDir};
 use virtnet::backend::{BackendConfig, IoMode};
 use virtnet::driver::{CtrlMode, DriverConfig, NetDriver};
@@ -135,8 +134,7 @@ fn vhost_rate(size: usize, dir: Dir, peer: Peer, dir_path: &ScratchDir) -> f64 {
 #[test]
 #[ignore]
 fn driver_vs_dpdk_virtio_user() {
-    if !packages::is_root() || packages::ensure(TESTPMD_REQUIREMENTS).is_err() {
-        packages::skip("driver_vs_dpdk_virtio_user", "needs root and dpdk-testpmd");
+    if !support::testpmd::ready("driver_vs_dpdk_virtio_user") {
         return;
     }
     let dir = ScratchDir::new("drvbench").unwrap();

@@ -13,26 +13,14 @@ mod support;
 
 use std::time::Duration;
 
-use support::packages;
-use support::testpmd::{Testpmd, TESTPMD_REQUIREMENTS};
+use support::testpmd::Testpmd;
 use support::{report, ScratchDir};
 use virtnet::gen::{self, GenConfig, Mode};
 
 const TEST: &str = "driver_dpdk";
 
 fn ready() -> bool {
-    if !packages::is_root() {
-        packages::skip(
-            TEST,
-            "not root: cannot install dpdk-dev or use /var/run/dpdk",
-        );
-        return false;
-    }
-    if let Err(why) = packages::ensure(TESTPMD_REQUIREMENTS) {
-        packages::skip(TEST, &why);
-        return false;
-    }
-    true
+    support::testpmd::ready(TEST)
 }
 
 fn gen_config(socket: &std::path::Path, mode: Mode, secs: f64) -> GenConfig {

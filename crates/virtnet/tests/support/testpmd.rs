@@ -51,25 +51,10 @@ impl Testpmd {
         mode: &str,
         log: Option<&Path>,
     ) -> Result<Testpmd, String> {
-        super::reap_stale();
         let prefix = super::unique_name("testpmd");
         let cpu = std::thread::available_parallelism().map_or(1, |n| n.get()) - 1;
-        let mut cmd = Command::new("stdbuf");
-        cmd.args(["-oL", "-eL", "dpdk-testpmd"]);
-        cmd.args(["--lcores", &format!("0@{cpu},1@{cpu}")]);
-        cmd.args([
-            "--no-huge",
-            "-m",
-            "1024",
-            "--no-pci",
-            "--file-prefix",
-            &prefix,
-        ]);
-        cmd.args([
-            "--vdev",
-            &format!("net_vhost0,iface={},queues={queues}", socket.display()),
-        ]);
-        cmd.args(["--", "-i", &format!("--forward-mode={mode}")]);
+        let vdev = format!("net_vhost0,iface={},queues={queues}", socket.display());
+        let mut cmd = command(&prefix, &format!("0@{cpu},1@{cpu}"), &vdev, mode);
         cmd.args([format!("--rxq={queues}"), format!("--txq={queues}")]);
         let _ = std::fs::remove_file(socket);
         let mut proc = Proc::spawn("dpdk-testpmd", cmd, log, true).map_err(|e| e.to_string())?;
@@ -93,23 +78,9 @@ impl Testpmd {
         size: usize,
         lcores: &str,
     ) -> Result<Testpmd, String> {
-        super::reap_stale();
         let prefix = super::unique_name("vuser");
-        let mut cmd = Command::new("stdbuf");
-        cmd.args(["-oL", "-eL", "dpdk-testpmd", "--lcores", lcores]);
-        cmd.args([
-            "--no-huge",
-            "-m",
-            "1024",
-            "--no-pci",
-            "--file-prefix",
-            &prefix,
-        ]);
-        cmd.args([
-            "--vdev",
-            &format!("net_virtio_user0,path={},queues=1", socket.display()),
-        ]);
-        cmd.args(["--", "-i", &format!("--forward-mode={mode}")]);
+        let vdev = format!("net_virtio_user0,path={},queues=1", socket.display());
+        let mut cmd = command(&prefix, lcores, &vdev, mode);
         cmd.arg(format!("--txpkts={size}"));
         let proc =
             Proc::spawn("testpmd-virtio-user", cmd, None, true).map_err(|e| e.to_string())?;
@@ -189,6 +160,46 @@ impl Drop for Testpmd {
         self.proc.kill();
         remove_runtime_dir(&self.prefix);
     }
+}
+
+/// Whether testpmd can run here (root, dpdk-dev installed or installable); prints why `test`
+/// is skipped when not.
+pub fn ready(test: &str) -> bool {
+    if !super::packages::is_root() {
+        super::packages::skip(
+            test,
+            "not root: cannot install dpdk-dev or use /var/run/dpdk",
+        );
+        return false;
+    }
+    if let Err(why) = super::packages::ensure(TESTPMD_REQUIREMENTS) {
+        super::packages::skip(test, &why);
+        return false;
+    }
+    true
+}
+
+/// An interactive testpmd without hugepages or PCI, line-buffered, with one `vdev`.
+fn command(prefix: &str, lcores: &str, vdev: &str, mode: &str) -> Command {
+    super::reap_stale();
+    let mut cmd = Command::new("stdbuf");
+    cmd.args(["-oL", "-eL", "dpdk-testpmd", "--lcores", lcores]);
+    cmd.args([
+        "--no-huge",
+        "-m",
+        "1024",
+        "--no-pci",
+        "--file-prefix",
+        prefix,
+    ]);
+    cmd.args([
+        "--vdev",
+        vdev,
+        "--",
+        "-i",
+        &format!("--forward-mode={mode}"),
+    ]);
+    cmd
 }
 
 /// DPDK leaves /var/run/dpdk/PREFIX (its config and fbarray files) behind.
