@@ -39,6 +39,19 @@ struct Row {
     counts: Option<([f64; 3], [f64; 3])>,
 }
 
+impl Row {
+    fn new(label: &str, unit: &'static str, target: Option<f64>) -> Row {
+        Row {
+            label: label.into(),
+            unit,
+            target,
+            ours: vec![],
+            theirs: vec![],
+            counts: None,
+        }
+    }
+}
+
 fn pingpong_once(
     engine: Engine,
     mode: pingpong::Mode,
@@ -126,54 +139,12 @@ fn main() -> Result<(), BenchError> {
     let args = parse_args();
     let poll64 = pingpong::Mode::Poll { used_batch: 64 };
     let mut rows = vec![
-        Row {
-            label: "ping-pong, poll (vring used batch 64)".into(),
-            unit: "Mops/s",
-            target: Some(1.5),
-            ours: vec![],
-            theirs: vec![],
-            counts: None,
-        },
-        Row {
-            label: "ping-pong, poll (vring used batch 1)".into(),
-            unit: "Mops/s",
-            target: None,
-            ours: vec![],
-            theirs: vec![],
-            counts: None,
-        },
-        Row {
-            label: "ping-pong, sleep, event idx".into(),
-            unit: "Mops/s",
-            target: None,
-            ours: vec![],
-            theirs: vec![],
-            counts: None,
-        },
-        Row {
-            label: "ping-pong, sleep, flags".into(),
-            unit: "Mops/s",
-            target: None,
-            ours: vec![],
-            theirs: vec![],
-            counts: None,
-        },
-        Row {
-            label: "device side, 1-descriptor chains".into(),
-            unit: "Mdesc/s",
-            target: Some(3.0),
-            ours: vec![],
-            theirs: vec![],
-            counts: None,
-        },
-        Row {
-            label: "device side, 4-descriptor chains".into(),
-            unit: "Mdesc/s",
-            target: Some(3.0),
-            ours: vec![],
-            theirs: vec![],
-            counts: None,
-        },
+        Row::new("ping-pong, poll (vring used batch 64)", "Mops/s", Some(1.5)),
+        Row::new("ping-pong, poll (vring used batch 1)", "Mops/s", None),
+        Row::new("ping-pong, sleep, event idx", "Mops/s", None),
+        Row::new("ping-pong, sleep, flags", "Mops/s", None),
+        Row::new("device side, 1-descriptor chains", "Mdesc/s", Some(3.0)),
+        Row::new("device side, 4-descriptor chains", "Mdesc/s", Some(3.0)),
     ];
     let pp_modes = [
         (poll64, args.poll_ops),

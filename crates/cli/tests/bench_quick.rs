@@ -1,36 +1,14 @@
 //! `virtnet bench --quick --json` runs, its output parses, and its counts make sense. Counts
 //! only, never times: times on a shared CI machine prove nothing.
 
-use std::process::Command;
+mod common;
 
+use common::{quick_experiments, u};
 use serde_json::Value;
-
-fn u(v: &Value, path: &[&str]) -> u64 {
-    let mut x = v;
-    for p in path {
-        x = &x[*p];
-    }
-    x.as_u64()
-        .unwrap_or_else(|| panic!("{path:?} is not a count in {v}"))
-}
 
 /// The ring experiment's results, from one `--quick --json` run.
 fn ring_results() -> Value {
-    let out = Command::new(env!("CARGO_BIN_EXE_virtnet"))
-        .args(["bench", "--quick", "--json", "--only", "0"])
-        .output()
-        .expect("run virtnet");
-    assert!(
-        out.status.success(),
-        "virtnet bench failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let doc: Value = serde_json::from_slice(&out.stdout).expect("stdout is one JSON document");
-    assert_eq!(doc["tool"], "virtnet bench");
-    assert_eq!(doc["quick"], true);
-    let exps = doc["experiments"].as_array().expect("experiments");
-    assert_eq!(exps.len(), 1);
-    assert_eq!(exps[0]["id"], 0);
+    let exps = quick_experiments("0");
     assert_eq!(exps[0]["name"], "ring");
     exps[0]["results"].clone()
 }
@@ -155,7 +133,7 @@ fn quick_json_parses_and_counts_make_sense() {
 
 #[test]
 fn unknown_experiment_is_refused() {
-    let out = Command::new(env!("CARGO_BIN_EXE_virtnet"))
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_virtnet"))
         .args(["bench", "--quick", "--only", "99"])
         .output()
         .expect("run virtnet");

@@ -2,36 +2,16 @@
 //! the directions that counts (or CPU time, for the control queue) can show are asserted.
 //! Counts, not times: times on a shared CI machine prove nothing.
 
-use std::process::Command;
+mod common;
 
+use common::u;
 use serde_json::Value;
 
 fn results(only: &str) -> Vec<Value> {
-    let out = Command::new(env!("CARGO_BIN_EXE_virtnet"))
-        .args(["bench", "--quick", "--json", "--only", only])
-        .output()
-        .expect("run virtnet");
-    assert!(
-        out.status.success(),
-        "virtnet bench failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let doc: Value = serde_json::from_slice(&out.stdout).expect("stdout is one JSON document");
-    assert_eq!(doc["tool"], "virtnet bench");
-    assert_eq!(doc["quick"], true);
-    let exps = doc["experiments"].as_array().expect("experiments").clone();
-    let ids: Vec<String> = exps.iter().map(|e| e["id"].to_string()).collect();
-    assert_eq!(ids.join(","), only);
-    exps.into_iter().map(|e| e["results"].clone()).collect()
-}
-
-fn u(v: &Value, path: &[&str]) -> u64 {
-    let mut x = v;
-    for p in path {
-        x = &x[*p];
-    }
-    x.as_u64()
-        .unwrap_or_else(|| panic!("{path:?} is not a count in {v}"))
+    common::quick_experiments(only)
+        .into_iter()
+        .map(|e| e["results"].clone())
+        .collect()
 }
 
 fn sum(runs: &Value, path: &[&str]) -> u64 {

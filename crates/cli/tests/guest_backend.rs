@@ -456,6 +456,33 @@ impl Host {
     fn start_guest(&self, image: &GuestImage, config: GuestConfig) -> Guest {
         Guest::start(image, config, self.dir.path()).unwrap_or_else(|e| panic!("{e}"))
     }
+
+    /// Runs the traffic script in a guest (iperf3 `iperf_secs` each way on `iperf_port`,
+    /// sockperf `sockperf_secs`) and checks what every traffic run must show: the backend
+    /// still runs, the traffic passed, and guest, backend and TAP counters agree. Returns the
+    /// backend's counters over the run.
+    fn traffic_round(
+        &mut self,
+        image: &GuestImage,
+        iperf_secs: u32,
+        iperf_port: u16,
+        sockperf_secs: u32,
+    ) -> Stats {
+        let (stats0, tap0) = (self.stats(), self.tap_stats());
+        let config = traffic_env(
+            self.guest_config(TRAFFIC),
+            iperf_secs,
+            iperf_port,
+            sockperf_secs,
+        );
+        let run = self.run_guest(image, config);
+        let backend = self.stats().since(&stats0);
+        let tap = tap_delta(&self.tap_stats(), &tap0);
+        assert!(self.backend().try_wait().is_none(), "the backend exited");
+        assert_traffic(&run, &*self);
+        check_counters(&run, &backend, &tap);
+        backend
+    }
 }
 
 /// The traffic script's variables: iperf3 seconds per direction and server port, sockperf
@@ -605,16 +632,7 @@ fn linux_guest_traffic_through_virtnet_backend() {
         return;
     };
     let mut host = Host::with_backend("backend", &[]);
-    let (stats0, tap0) = (host.stats(), host.tap_stats());
-
-    let config = traffic_env(host.guest_config(TRAFFIC), 5, IPERF_PORT, 3);
-    let run = host.run_guest(image, config);
-    let backend = host.stats().since(&stats0);
-    let tap = tap_delta(&host.tap_stats(), &tap0);
-    assert!(host.backend().try_wait().is_none(), "the backend exited");
-
-    assert_traffic(&run, &host);
-    check_counters(&run, &backend, &tap);
+    let backend = host.traffic_round(image, 5, IPERF_PORT, 3);
     // No frame read from the TAP is lost for lack of rx buffers: a 64 KiB GSO frame that does
     // not fit waits in the backend until the guest posts more (as in vhost_net).
     assert_eq!(backend.sum("rx", "dropped"), 0, "rx frames dropped");
@@ -632,19 +650,10 @@ fn linux_guest_traffic_with_busy_polling() {
     };
     let mut host = Host::with_backend("busypoll", &[]);
     host.ctl(&["set-busy-poll", "50"]);
-    let (stats0, tap0) = (host.stats(), host.tap_stats());
-    for (i, q) in stats0.queues.iter().enumerate() {
+    for (i, q) in host.stats().queues.iter().enumerate() {
         assert_eq!(q.busy_poll_us, 50, "queue {i} after set-busy-poll 50");
     }
-
-    let config = traffic_env(host.guest_config(TRAFFIC), 3, IPERF_PORT, 3);
-    let run = host.run_guest(image, config);
-    let backend = host.stats().since(&stats0);
-    let tap = tap_delta(&host.tap_stats(), &tap0);
-    assert!(host.backend().try_wait().is_none(), "the backend exited");
-
-    assert_traffic(&run, &host);
-    check_counters(&run, &backend, &tap);
+    let backend = host.traffic_round(image, 3, IPERF_PORT, 3);
     let exits: Vec<String> = [
         "busy_poll_entries",
         "busy_poll_hits",
@@ -706,17 +715,9 @@ iperf3 -c "$VN_PEER" -p 5201 -t 60 -f m
     assert!(first.broken().is_empty(), "broken: {:?}", first.broken());
 
     // QEMU #2 on the same backend. The first iperf3 server still waits for its dead client.
-    let (stats1, tap1) = (host.stats(), host.tap_stats());
-    let config = traffic_env(host.guest_config(TRAFFIC), 2, IPERF_PORT_2, 1);
-    let run = host.run_guest(image, config);
-    let backend = host.stats().since(&stats1);
-    let tap = tap_delta(&host.tap_stats(), &tap1);
-
-    assert!(host.backend().try_wait().is_none(), "the backend exited");
+    host.traffic_round(image, 2, IPERF_PORT_2, 1);
     assert_eq!(host.backend().pid(), pid, "the same backend process");
     assert_eq!(host.tap_ifindex(), ifindex, "the same TAP device");
-    assert_traffic(&run, &host);
-    check_counters(&run, &backend, &tap);
 }
 
 /// The other direction: QEMU with `reconnect=1` keeps running while the backend process is

@@ -19,6 +19,20 @@ struct Ctrl {
     buf: GuestAddress,
 }
 
+/// A frontend connection with `queues` virtqueues that needs CTRL_VQ.
+fn connect_ctrl(b: &Backend, queues: u16, wanted: Features) -> Connection {
+    Connection::connect(
+        &b.socket,
+        queues,
+        256,
+        wanted,
+        Features::NET_CTRL_VQ,
+        32 << 20,
+        Duration::from_secs(5),
+    )
+    .unwrap()
+}
+
 fn setup(b: &Backend, pairs: u16) -> (Connection, Ctrl, Vec<(RxQueue, TxQueue)>) {
     let wanted = WANTED
         | Features::NET_CTRL_VQ
@@ -27,16 +41,7 @@ fn setup(b: &Backend, pairs: u16) -> (Connection, Ctrl, Vec<(RxQueue, TxQueue)>)
         | Features::NET_NOTF_COAL
         | Features::NET_VQ_NOTF_COAL;
     let n = 2 * pairs + 1;
-    let mut conn = Connection::connect(
-        &b.socket,
-        n,
-        256,
-        wanted,
-        Features::NET_CTRL_VQ,
-        32 << 20,
-        Duration::from_secs(5),
-    )
-    .unwrap();
+    let mut conn = connect_ctrl(b, n, wanted);
     let mem = conn.mem.clone();
     let mut queues = Vec::new();
     for p in 0..pairs as usize {
@@ -270,16 +275,7 @@ fn without_mq_the_control_queue_is_virtqueue_2() {
         | Features::NET_MRG_RXBUF
         | Features::NET_CTRL_VQ
         | Features::NET_VQ_NOTF_COAL;
-    let mut conn = Connection::connect(
-        &b.socket,
-        3,
-        256,
-        wanted,
-        Features::NET_CTRL_VQ,
-        32 << 20,
-        Duration::from_secs(5),
-    )
-    .unwrap();
+    let mut conn = connect_ctrl(&b, 3, wanted);
     assert!(!conn.features.contains(Features::NET_MQ));
     let mem = conn.mem.clone();
     let q = DriverQueue::activate(&conn.queues[2].config, mem, None).unwrap();

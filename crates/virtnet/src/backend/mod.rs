@@ -451,11 +451,6 @@ impl Session {
             };
         }
     }
-
-    /// The device status byte as GET_STATUS reports it.
-    pub fn status(&self) -> u8 {
-        self.status.status
-    }
 }
 
 /// Handles one request of the frontend through rust-vmm's handler; returns false when the

@@ -898,11 +898,12 @@ fn deliver_burst(
     chains: &mut Vec<Chain>,
     max: usize,
 ) -> Result<usize, RingError> {
-    let hdr_len = net::hdr_len(rx.queue.config().features());
+    let features = rx.queue.config().features();
+    let hdr_len = net::hdr_len(features);
     if !shared.accepts(frame.get(hdr_len..).unwrap_or(&[])) {
         return Ok(0);
     }
-    if features_mergeable(rx) && frame.len() >= net::HDR_LEN {
+    if features.contains(Features::NET_MRG_RXBUF) && frame.len() >= net::HDR_LEN {
         // Each frame takes one buffer.
         frame[net::NUM_BUFFERS_OFFSET as usize..net::HDR_LEN].copy_from_slice(&1u16.to_le_bytes());
     }
@@ -944,13 +945,6 @@ fn deliver_burst(
         rx.queue.add_used(c.head(), frame.len() as u32)?;
     }
     Ok(n)
-}
-
-fn features_mergeable(rx: &QueueRuntime) -> bool {
-    rx.queue
-        .config()
-        .features()
-        .contains(Features::NET_MRG_RXBUF)
 }
 
 /// Puts one frame (virtio-net header first, `frame[..hdr_len]`) into the rx queue, merging
