@@ -880,17 +880,17 @@ impl Worker {
     }
 }
 
-/// Frames per burst of [`deliver_burst`]: as many buffer fetches in flight as the CPU keeps.
+/// Frames per burst of [`deliver_burst`], as DPDK's vhost enqueues.
 const BURST: usize = 32;
-/// Cache lines of rx buffers prefetched ahead of the copies: enough transfers in flight to
-/// hide their latency, few enough for the CPU's miss buffers.
-const PREFETCH_LINES: usize = 16;
 
 /// Puts up to `max` copies of `frame` (header first) into the rx queue, as long as each fits
-/// the first writable segment of one chain: all the chains are popped and their buffers
-/// prefetched before the first copy, so the transfers of the cache lines the driver last
-/// touched overlap. Returns how many were delivered; 0 leaves the next frame to [`deliver`]
-/// (no buffer, a buffer that is too small or split, or the receive filter's verdict).
+/// the first writable segment of one chain: the chains are popped, then the frames copied.
+/// Returns how many were delivered; 0 leaves the next frame to [`deliver`] (no buffer, a
+/// buffer that is too small or split, or the receive filter's verdict).
+///
+/// Nothing is prefetched: prefetching the buffers (and the descriptors and used elements)
+/// ahead of the copies made guest rx slower with DPDK's virtio-user at 64 B and at 1500 B
+/// (docs/PERFORMANCE.md); the copies' own stores overlap their misses well enough.
 fn deliver_burst(
     shared: &Shared,
     rx: &mut QueueRuntime,
@@ -914,7 +914,6 @@ fn deliver_burst(
     if !rx.queue.avail_pending()? {
         return Ok(0);
     }
-    rx.queue.prefetch_burst(max as u16);
     let mut n = 0;
     while n < max {
         if !rx.queue.pop_into(&mut chains[n])? {
@@ -928,19 +927,7 @@ fn deliver_burst(
             }
         }
     }
-    // Whole frames, as many ahead as keep about PREFETCH_LINES cache lines in flight.
-    let lines = frame.len().div_ceil(64).max(1);
-    let ahead = (PREFETCH_LINES / lines).clamp(1, BURST);
-    let prefetch =
-        |q: &DeviceQueue, c: &Chain| q.memory().prefetch_write(c.writable()[0].addr, frame.len());
-    for c in &chains[..n.min(ahead)] {
-        prefetch(&rx.queue, c);
-    }
-    for i in 0..n {
-        if i + ahead < n {
-            prefetch(&rx.queue, &chains[i + ahead]);
-        }
-        let c = &chains[i];
+    for c in &chains[..n] {
         rx.queue.memory().write(c.writable()[0].addr, &frame[..])?;
         rx.queue.add_used(c.head(), frame.len() as u32)?;
     }
