@@ -280,23 +280,39 @@ impl GuestMemory {
         Ok(())
     }
 
-    /// Hints the CPU to fetch the cache lines of `[addr, addr + len)` for reading, so that the
-    /// transfers of lines the peer just wrote overlap instead of coming one after another.
-    /// Does nothing outside memory or off x86-64.
+    /// Hints the CPU to fetch the cache lines of `[addr, addr + len)` for writing, so that a
+    /// burst of copies into buffers the peer last touched waits for their transfers in
+    /// parallel instead of one after another. Does nothing outside memory or off x86-64.
+    #[inline]
+    pub fn prefetch_write(&self, addr: GuestAddress, len: usize) {
+        self.prefetch::<true>(addr, len)
+    }
+
+    /// Like [`GuestMemory::prefetch_write`], for data about to be read.
     #[inline]
     pub fn prefetch_read(&self, addr: GuestAddress, len: usize) {
+        self.prefetch::<false>(addr, len)
+    }
+
+    #[inline]
+    fn prefetch<const WRITE: bool>(&self, addr: GuestAddress, len: usize) {
         let Some((r, off)) = self.find(addr, len as u64) else {
             return;
         };
         #[cfg(target_arch = "x86_64")]
         {
-            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_ET0, _MM_HINT_T0};
             let start = r.host.as_ptr().wrapping_add(off);
             let skew = start as usize % 64;
             for line in (0..len + skew).step_by(64) {
                 let p = start.wrapping_sub(skew).wrapping_add(line) as *const i8;
-                // SAFETY: a prefetch is a hint that never faults nor changes memory.
-                unsafe { _mm_prefetch::<_MM_HINT_T0>(p) }
+                if WRITE {
+                    // SAFETY: a prefetch is a hint that never faults nor changes memory.
+                    unsafe { _mm_prefetch::<_MM_HINT_ET0>(p) }
+                } else {
+                    // SAFETY: as above.
+                    unsafe { _mm_prefetch::<_MM_HINT_T0>(p) }
+                }
             }
         }
         #[cfg(not(target_arch = "x86_64"))]
