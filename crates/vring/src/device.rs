@@ -13,7 +13,7 @@ use crate::error::Broken;
 use crate::event::vring_need_event;
 use crate::layout::{AVAIL_F_NO_INTERRUPT, USED_F_NO_NOTIFY};
 use crate::ring::Rings;
-use crate::{Error, GuestAddress, GuestMemory, QueueConfig};
+use crate::{Error, GuestMemory, QueueConfig};
 
 /// The default number of used entries written before `used.idx` is published (Linux's
 /// VHOST_NET_BATCH).
@@ -154,29 +154,6 @@ impl DeviceQueue {
         self.broken.check()?;
         self.refresh_avail()?;
         Ok(self.avail_cache)
-    }
-
-    /// Prefetches for a burst of up to `count` pops: the descriptors of the heads already
-    /// known to be available (for reading) and the used elements the burst will write (for
-    /// writing), so their transfers from the driver's cache overlap. A hint: it validates
-    /// nothing and changes nothing.
-    pub fn prefetch_burst(&self, count: u16) {
-        let rings = self.config.rings();
-        let ready = self.avail_cache.wrapping_sub(self.last_avail).min(count);
-        for k in 0..ready {
-            let head = self
-                .rings
-                .avail_entry(self.last_avail.wrapping_add(k) & self.mask);
-            let desc = rings.desc.0 + 16 * u64::from(head & self.mask);
-            self.mem.prefetch_read(GuestAddress(desc), 16);
-        }
-        let first = self.next_used & self.mask;
-        let count = count.min(self.config.size());
-        let to_end = count.min(self.config.size() - first);
-        let elem = |slot: u16| GuestAddress(rings.used.0 + 4 + 8 * u64::from(slot));
-        self.mem.prefetch_write(elem(first), 8 * to_end as usize);
-        self.mem
-            .prefetch_write(elem(0), 8 * (count - to_end) as usize);
     }
 
     /// Pops the next available chain into `chain`, reusing its allocation. Returns false when
@@ -379,35 +356,6 @@ mod tests {
         for i in 0..200 {
             assert_eq!(p.driver.get_used().unwrap().unwrap().0, i);
         }
-    }
-
-    #[test]
-    fn prefetch_burst_is_only_a_hint() {
-        let mut p = pair(8, Features::EMPTY);
-        // Bursts longer than the ring at every position of the used ring, then a hostile head:
-        // nothing is validated, read past the rings, or changed.
-        for i in 0..12u16 {
-            p.driver.add(&[buf(0, 64)], &[], i as _).unwrap();
-            assert!(p.device.avail_pending().unwrap());
-            p.device.prefetch_burst(u16::MAX);
-            let c = p.device.pop().unwrap().unwrap();
-            p.device.add_used(c.head(), 0).unwrap();
-            p.device.flush();
-            assert_eq!(p.driver.get_used().unwrap().unwrap().0 as u16, i);
-        }
-        let next = p.device.next_avail();
-        p.publish(next, &[200]);
-        p.set_avail_idx(next.wrapping_add(1));
-        assert!(p.device.avail_pending().unwrap());
-        p.device.prefetch_burst(u16::MAX);
-        p.device
-            .memory()
-            .prefetch_write(GuestAddress(u64::MAX - 8), 64);
-        assert_eq!(p.device.stats().popped, 12);
-        assert_eq!(
-            p.device.pop(),
-            Err(Error::HeadOutOfRange { head: 200, size: 8 })
-        );
     }
 
     #[test]

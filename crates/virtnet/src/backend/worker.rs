@@ -883,30 +883,14 @@ impl Worker {
 /// Frames per burst of [`deliver_burst`]: as many buffer fetches in flight as the CPU keeps.
 const BURST: usize = 32;
 /// Cache lines of rx buffers prefetched ahead of the copies: enough transfers in flight to
-/// hide their latency, few enough for the CPU's miss buffers.
+/// hide their latency, few enough for the CPU's miss buffers. Frames longer than half of this
+/// are not prefetched: on AMD EPYC (Zen 4) vCPUs 1500 B guest rx ran 6% slower with the
+/// prefetch (docs/PERFORMANCE.md), the copy's own streaming being enough there.
 const PREFETCH_LINES: usize = 16;
-
-/// Whether [`deliver_burst`] prefetches, decided once by CPU vendor, as measured with DPDK's
-/// virtio-user as the driver (docs/PERFORMANCE.md). On Intel Xeon vCPUs the prefetches took
-/// 64 B guest rx from 8.0-9.4 to 14.3-16.6 Mpps. On AMD EPYC (Zen 4) vCPUs they made it slower:
-/// 20-21 against 17 Mpps at 64 B, 10.5 against 8.5 at 1500 B. Other CPUs: unmeasured, off.
-fn prefetch_pays() -> bool {
-    static PAYS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *PAYS.get_or_init(|| {
-        #[cfg(target_arch = "x86_64")]
-        {
-            let id = std::arch::x86_64::__cpuid(0);
-            // The vendor string is in EBX, EDX, ECX: "GenuineIntel".
-            [id.ebx, id.edx, id.ecx] == [0x756e_6547, 0x4965_6e69, 0x6c65_746e]
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        false
-    })
-}
 
 /// Puts up to `max` copies of `frame` (header first) into the rx queue, as long as each fits
 /// the first writable segment of one chain: the chains are popped, then the frames copied.
-/// Where [`prefetch_pays`], the buffers are prefetched ahead of the copies, so that the
+/// Short frames' buffers are prefetched for writing ahead of the copies, so that the
 /// transfers of the cache lines the driver last touched overlap. Returns how many were
 /// delivered; 0 leaves the next frame to [`deliver`] (no buffer, a buffer that is too small or
 /// split, or the receive filter's verdict).
@@ -933,10 +917,6 @@ fn deliver_burst(
     if !rx.queue.avail_pending()? {
         return Ok(0);
     }
-    let prefetching = prefetch_pays();
-    if prefetching {
-        rx.queue.prefetch_burst(max as u16);
-    }
     let mut n = 0;
     while n < max {
         if !rx.queue.pop_into(&mut chains[n])? {
@@ -952,8 +932,8 @@ fn deliver_burst(
     }
     // Whole frames, as many ahead as keep about PREFETCH_LINES cache lines in flight.
     let lines = frame.len().div_ceil(64).max(1);
-    let ahead = if prefetching {
-        (PREFETCH_LINES / lines).clamp(1, BURST)
+    let ahead = if 2 * lines <= PREFETCH_LINES {
+        (PREFETCH_LINES / lines).min(BURST)
     } else {
         0
     };
