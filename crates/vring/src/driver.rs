@@ -212,6 +212,27 @@ impl<T> DriverQueue<T> {
             });
         }
         let head = self.free_head;
+        if total == 1 {
+            // The common case (one rx buffer, one tx frame): no chain to link.
+            let (b, flags) = match (out.first(), in_.first()) {
+                (Some(b), _) => (b, 0),
+                (None, Some(b)) => (b, DESC_F_WRITE),
+                (None, None) => unreachable!("total is 1"),
+            };
+            self.rings.update_desc(
+                head,
+                Desc {
+                    addr: b.addr.0,
+                    len: b.len,
+                    flags,
+                    next: 0,
+                },
+            );
+            self.free_head = self.next[head as usize];
+            let writable = if flags == 0 { 0 } else { b.len as u64 };
+            self.expose(head, 1, writable, token);
+            return Ok(());
+        }
         let bufs = out
             .iter()
             .map(|b| (b, 0))
@@ -266,10 +287,18 @@ impl<T> DriverQueue<T> {
             }
             self.free_head = i;
         }
-        self.num_free -= needed as u16;
+        self.expose(head, needed as u16, writable, token);
+        Ok(())
+    }
+
+    /// Takes `ndescs` descriptors from the free count, records the chain at `head` and puts
+    /// it in the avail ring (publishing the index unless that waits for the kick).
+    #[inline(always)]
+    fn expose(&mut self, head: u16, ndescs: u16, writable: u64, token: T) {
+        self.num_free -= ndescs;
         self.slots[head as usize] = Slot {
             token: Some(token),
-            ndescs: needed as u16,
+            ndescs,
             writable,
         };
         self.rings
@@ -287,7 +316,6 @@ impl<T> DriverQueue<T> {
             self.rings.set_avail_idx_release(self.avail_idx_shadow);
         }
         self.stats.added += 1;
-        Ok(())
     }
 
     /// Whether the device must be kicked for the chains added since the last call: through
@@ -630,6 +658,37 @@ mod tests {
                 id: 0,
                 len: 101,
                 max: 100
+            })
+        );
+    }
+
+    #[test]
+    fn used_len_of_one_buffer_chains_is_checked() {
+        // One-buffer chains take their own path in `add`: a writable one bounds the length by
+        // its size, a read-only one allows no length at all.
+        let mut p = pair(8, Features::EMPTY);
+        p.driver.add(&[], &[buf(1, 100)], 0).unwrap();
+        write_used(&p, 0, 0, 100, 1);
+        assert_eq!(p.driver.get_used(), Ok(Some((0, 100))));
+        p.driver.add(&[], &[buf(1, 100)], 1).unwrap();
+        write_used(&p, 1, 0, 101, 2);
+        assert_eq!(
+            p.driver.get_used(),
+            Err(Error::UsedLenTooLarge {
+                id: 0,
+                len: 101,
+                max: 100
+            })
+        );
+        let mut p = pair(8, Features::EMPTY);
+        p.driver.add(&[buf(0, 64)], &[], 0).unwrap();
+        write_used(&p, 0, 0, 1, 1);
+        assert_eq!(
+            p.driver.get_used(),
+            Err(Error::UsedLenTooLarge {
+                id: 0,
+                len: 1,
+                max: 0
             })
         );
     }

@@ -271,6 +271,7 @@ impl GuestMemory {
     }
 
     /// Copies `buf.len()` bytes of guest memory at `addr` into `buf`.
+    #[inline]
     pub fn read(&self, addr: GuestAddress, buf: &mut [u8]) -> Result<(), Error> {
         let span = self.host_span(addr, buf.len())?;
         // SAFETY: `host_span` checked that the span lies inside a live mapping of `self`; `buf`
@@ -331,6 +332,7 @@ impl GuestMemory {
     }
 
     /// Copies `buf` into guest memory at `addr`.
+    #[inline]
     pub fn write(&self, addr: GuestAddress, buf: &[u8]) -> Result<(), Error> {
         let span = self.host_span(addr, buf.len())?;
         // SAFETY: as in `read`, with the direction reversed.

@@ -202,20 +202,23 @@ impl RxQueue {
                 break;
             };
             let at = self.pool.addr(slot);
-            self.scratch.clear();
-            match self.layout {
+            let one;
+            let bufs = match self.layout {
                 RxLayout::Mergeable { buf_len } | RxLayout::Small { buf_len } => {
-                    self.scratch.push(Buf::new(at, buf_len));
+                    one = Buf::new(at, buf_len);
+                    std::slice::from_ref(&one)
                 }
                 RxLayout::Big { segs, seg_len } => {
+                    self.scratch.clear();
                     self.scratch.push(Buf::new(at, self.hdr_len as u32));
                     for i in 0..segs as u64 {
                         let a = at.0 + self.hdr_len as u64 + i * seg_len as u64;
                         self.scratch.push(Buf::new(GuestAddress(a), seg_len));
                     }
+                    &self.scratch[..]
                 }
-            }
-            if let Err(e) = self.q.add(&[], &self.scratch, slot) {
+            };
+            if let Err(e) = self.q.add(&[], bufs, slot) {
                 self.pool.free.push(slot);
                 return Err(ring_error(self.vq, &self.counters, e));
             }
