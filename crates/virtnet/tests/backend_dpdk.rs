@@ -45,8 +45,15 @@ fn dpdk_virtio_user_on_our_backend_both_directions_counters_agree() {
         t.command("stop").unwrap();
         std::thread::sleep(Duration::from_millis(300));
         let s = t.port_stats().unwrap();
-        let features = b.device.device_report().features;
-        assert!(features.contains("IN_ORDER"), "negotiated {features}");
+        let device = b.device.device_report();
+        assert!(
+            device.features.contains("IN_ORDER"),
+            "negotiated {}",
+            device.features
+        );
+        // virtio-user negotiated the STATUS protocol feature and set the status through it:
+        // FEATURES_OK (8) and DRIVER_OK (4), while its port runs.
+        assert_eq!(device.status & 0xc, 0xc, "status {:#x}", device.status);
         let tail = t.output_tail(20);
         let queue = if mode == "rxonly" { 0 } else { 1 };
         let deadline = Instant::now() + Duration::from_secs(5);

@@ -20,7 +20,7 @@ pub mod worker;
 
 use std::io;
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, AtomicU8, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 
 use ::vhost::vhost_user::message::VhostUserProtocolFeatures;
@@ -131,6 +131,8 @@ pub struct Shared {
     pub wakes: Vec<vmm_sys_util::eventfd::EventFd>,
     /// The virtio features the frontend acknowledged (0 before SET_FEATURES), for reports.
     pub features: AtomicU64,
+    /// The device status the frontend last set (SET_STATUS), for reports.
+    pub status: AtomicU8,
 }
 
 pub(crate) fn mac_to_u64(mac: [u8; 6]) -> u64 {
@@ -167,6 +169,7 @@ impl Shared {
             allmulti: AtomicBool::new(false),
             mac: AtomicU64::new(mac_to_u64(config.mac)),
             features: AtomicU64::new(0),
+            status: AtomicU8::new(0),
             wakes: (0..config.pairs)
                 .map(|_| vmm_sys_util::eventfd::EventFd::new(libc::EFD_NONBLOCK))
                 .collect::<io::Result<_>>()?,
@@ -301,6 +304,7 @@ impl Device {
         s.allmulti.store(false, Relaxed);
         s.mac.store(mac_to_u64(s.config.mac), Relaxed);
         s.features.store(0, Relaxed);
+        s.status.store(0, Relaxed);
         for m in &s.metrics {
             m.set_coalesce(crate::net::ctrl::Coalesce::default());
         }
@@ -334,6 +338,7 @@ impl Device {
             promisc: s.promisc.load(Relaxed),
             allmulti: s.allmulti.load(Relaxed),
             features: Features(s.features.load(Relaxed)).to_string(),
+            status: s.status.load(Relaxed),
             mac: s
                 .mac()
                 .iter()
@@ -355,6 +360,10 @@ pub struct DeviceReport {
     /// SET_FEATURES.
     pub features: String,
     pub mac: String,
+    /// The virtio device status byte the frontend last set with SET_STATUS (ACKNOWLEDGE 1,
+    /// DRIVER 2, DRIVER_OK 4, FEATURES_OK 8); 0 if it never sent one.
+    #[serde(default)]
+    pub status: u8,
 }
 
 /// The vhost-user message layer of one connection, dispatching to its [`vhost::Connection`].
@@ -377,6 +386,7 @@ pub struct Session {
     /// The same socket, to peek at each request and answer the status requests.
     stream: UnixStream,
     status: status::Status,
+    device: Arc<Device>,
 }
 
 impl std::fmt::Debug for Session {
@@ -398,6 +408,7 @@ impl Session {
             handler: Some(RequestHandler::from_stream(stream, conn.clone())),
             conn,
             status: status::Status::default(),
+            device: device.clone(),
         })
     }
 
@@ -423,7 +434,11 @@ impl Session {
             .status
             .handle_next(&self.stream, negotiated, reply_ack, needs_reset)
         {
-            Ok(status::Handled::Yes) => true,
+            Ok(status::Handled::Yes) => {
+                let status = self.status.status;
+                self.device.shared.status.store(status, Relaxed);
+                true
+            }
             Ok(status::Handled::No) => serve_request(handler, &self.conn),
             Ok(status::Handled::Close(why)) => {
                 tracing::warn!(why, "closing the connection");
