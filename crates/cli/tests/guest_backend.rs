@@ -105,6 +105,8 @@ struct QueueStats {
 #[derive(Debug, Clone, Default)]
 struct Stats {
     queues: Vec<QueueStats>,
+    /// The device report's SET_STATUS count for the current connection.
+    status_sets: u64,
 }
 
 impl Stats {
@@ -131,7 +133,11 @@ impl Stats {
                 }
             })
             .collect();
-        Stats { queues }
+        let status_sets = v["device"]["status_sets"].as_u64().unwrap_or_default();
+        Stats {
+            queues,
+            status_sets,
+        }
     }
 
     /// A counter of virtqueue `index`.
@@ -637,6 +643,10 @@ fn linux_guest_traffic_through_virtnet_backend() {
     // not fit waits in the backend until the guest posts more (as in vhost_net).
     assert_eq!(backend.sum("rx", "dropped"), 0, "rx frames dropped");
     check_notifications_suppressed(&backend);
+    // QEMU negotiated the STATUS protocol feature and set the device status through it.
+    let sets = host.stats().status_sets;
+    report(&format!("SET_STATUS requests from QEMU: {sets}"));
+    assert!(sets > 0, "QEMU never sent SET_STATUS");
 }
 
 /// Busy polling, set live through the control socket: the worker spins on the rings (and the

@@ -131,8 +131,10 @@ pub struct Shared {
     pub wakes: Vec<vmm_sys_util::eventfd::EventFd>,
     /// The virtio features the frontend acknowledged (0 before SET_FEATURES), for reports.
     pub features: AtomicU64,
-    /// The device status the frontend last set (SET_STATUS), for reports.
+    /// The device status the frontend last set (SET_STATUS), and how many times it set one
+    /// on this connection, for reports.
     pub status: AtomicU8,
+    pub status_sets: AtomicU64,
 }
 
 pub(crate) fn mac_to_u64(mac: [u8; 6]) -> u64 {
@@ -170,6 +172,7 @@ impl Shared {
             mac: AtomicU64::new(mac_to_u64(config.mac)),
             features: AtomicU64::new(0),
             status: AtomicU8::new(0),
+            status_sets: AtomicU64::new(0),
             wakes: (0..config.pairs)
                 .map(|_| vmm_sys_util::eventfd::EventFd::new(libc::EFD_NONBLOCK))
                 .collect::<io::Result<_>>()?,
@@ -305,6 +308,7 @@ impl Device {
         s.mac.store(mac_to_u64(s.config.mac), Relaxed);
         s.features.store(0, Relaxed);
         s.status.store(0, Relaxed);
+        s.status_sets.store(0, Relaxed);
         for m in &s.metrics {
             m.set_coalesce(crate::net::ctrl::Coalesce::default());
         }
@@ -339,6 +343,7 @@ impl Device {
             allmulti: s.allmulti.load(Relaxed),
             features: Features(s.features.load(Relaxed)).to_string(),
             status: s.status.load(Relaxed),
+            status_sets: s.status_sets.load(Relaxed),
             mac: s
                 .mac()
                 .iter()
@@ -364,6 +369,9 @@ pub struct DeviceReport {
     /// DRIVER 2, DRIVER_OK 4, FEATURES_OK 8); 0 if it never sent one.
     #[serde(default)]
     pub status: u8,
+    /// SET_STATUS requests on this connection (0 from a frontend that does not use them).
+    #[serde(default)]
+    pub status_sets: u64,
 }
 
 /// The vhost-user message layer of one connection, dispatching to its [`vhost::Connection`].
@@ -435,8 +443,9 @@ impl Session {
             .handle_next(&self.stream, negotiated, reply_ack, needs_reset)
         {
             Ok(status::Handled::Yes) => {
-                let status = self.status.status;
-                self.device.shared.status.store(status, Relaxed);
+                let shared = &self.device.shared;
+                shared.status.store(self.status.status, Relaxed);
+                shared.status_sets.store(self.status.sets, Relaxed);
                 true
             }
             Ok(status::Handled::No) => serve_request(handler, &self.conn),

@@ -40,6 +40,8 @@ pub enum Handled {
 pub struct Status {
     /// The last SET_STATUS value.
     pub status: u8,
+    /// SET_STATUS requests taken on this connection.
+    pub sets: u64,
 }
 
 impl Status {
@@ -93,6 +95,7 @@ impl Status {
             };
             tracing::debug!(status, "SET_STATUS");
             self.status = status;
+            self.sets += 1;
             if reply_ack && flags.contains(VhostUserHeaderFlag::NEED_REPLY) {
                 reply(0)?;
             }
