@@ -666,31 +666,26 @@ mod tests {
     fn used_len_of_one_buffer_chains_is_checked() {
         // One-buffer chains take their own path in `add`: a writable one bounds the length by
         // its size, a read-only one allows no length at all.
-        let mut p = pair(8, Features::EMPTY);
-        p.driver.add(&[], &[buf(1, 100)], 0).unwrap();
-        write_used(&p, 0, 0, 100, 1);
-        assert_eq!(p.driver.get_used(), Ok(Some((0, 100))));
-        p.driver.add(&[], &[buf(1, 100)], 1).unwrap();
-        write_used(&p, 1, 0, 101, 2);
-        assert_eq!(
-            p.driver.get_used(),
-            Err(Error::UsedLenTooLarge {
-                id: 0,
-                len: 101,
-                max: 100
-            })
-        );
-        let mut p = pair(8, Features::EMPTY);
-        p.driver.add(&[buf(0, 64)], &[], 0).unwrap();
-        write_used(&p, 0, 0, 1, 1);
-        assert_eq!(
-            p.driver.get_used(),
-            Err(Error::UsedLenTooLarge {
-                id: 0,
-                len: 1,
-                max: 0
-            })
-        );
+        let ok = |len| Ok(Some((0, len)));
+        let too_large = |len, max| Err(Error::UsedLenTooLarge { id: 0, len, max });
+        let writable: (&[Buf], &[Buf]) = (&[], &[buf(1, 100)]);
+        let read_only: (&[Buf], &[Buf]) = (&[buf(0, 64)], &[]);
+        for ((out, in_), len, expected) in [
+            (writable, 100, ok(100)),
+            (writable, 101, too_large(101, 100)),
+            (read_only, 0, ok(0)),
+            (read_only, 1, too_large(1, 0)),
+        ] {
+            let mut p = pair(8, Features::EMPTY);
+            p.driver.add(out, in_, 0).unwrap();
+            write_used(&p, 0, 0, len, 1);
+            assert_eq!(
+                p.driver.get_used(),
+                expected,
+                "{} out, length {len}",
+                out.len()
+            );
+        }
     }
 
     #[test]
