@@ -36,7 +36,8 @@ use crate::walk::{self, read_desc, Rules, INDIRECT, NEXT};
 
 #[derive(Arbitrary, Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DriverSetup {
-    /// Queue size `1 << (size_log2 % 9)`.
+    /// Queue size `1 << (size_log2 % 9)`; bit 7 turns on FIFO descriptor reuse
+    /// (`DriverQueue::set_fifo_reuse`).
     pub size_log2: u8,
     pub event_idx: bool,
     pub indirect: bool,
@@ -180,7 +181,7 @@ pub fn run(input: &DriverInput) -> Option<Outcome> {
         addr: GuestAddress(DRV_INDIRECT),
         max_chain: n as u16 % 17,
     });
-    let queue = match DriverQueue::<u32>::activate(&config, mem.clone(), area) {
+    let mut queue = match DriverQueue::<u32>::activate(&config, mem.clone(), area) {
         Ok(q) => q,
         Err(e) => {
             assert!(
@@ -190,6 +191,7 @@ pub fn run(input: &DriverInput) -> Option<Outcome> {
             return None;
         }
     };
+    queue.set_fifo_reuse(s.size_log2 & 0x80 != 0);
     let max_chain = area
         .filter(|a| s.indirect && a.max_chain >= 2)
         .map(|a| a.max_chain);

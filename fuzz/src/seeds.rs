@@ -473,9 +473,10 @@ fn driver_seeds() -> Vec<DriverSeed> {
     seed("indirect_chains", i, None);
 
     // Direct chains completed out of order; the free list must come back whole.
-    let mut i = driver(8);
-    i.ops = vec![add(3, 0), add(1, 1), add(2, 2)];
-    i.ops.extend([
+    let out_of_order = [
+        add(3, 0),
+        add(1, 1),
+        add(2, 2),
         R::Complete { pick: 1, len: 1 },
         R::Complete { pick: 1, len: 1 },
         R::Complete { pick: 0, len: 0 },
@@ -483,9 +484,22 @@ fn driver_seeds() -> Vec<DriverSeed> {
         R::GetUsed,
         R::GetUsed,
         add(8, 0),
-        add(1, 0),
-    ]);
+    ];
+    let mut i = driver(8);
+    i.ops = out_of_order.to_vec();
+    i.ops.push(add(1, 0));
     seed("out_of_order_completions", i, None);
+
+    // The same with FIFO descriptor reuse (bit 7 of size_log2), then laps of the whole ring.
+    let mut i = driver(8);
+    i.setup.size_log2 |= 0x80;
+    i.ops = out_of_order.to_vec();
+    i.ops.extend(reclaim(1));
+    for _ in 0..3 {
+        i.ops.extend((0..8).map(|_| add(0, 1)));
+        i.ops.extend(reclaim(8));
+    }
+    seed("fifo_reuse", i, None);
 
     // Event idx: kicks follow avail_event, callbacks follow used_event.
     let mut i = driver(8);

@@ -83,6 +83,9 @@ pub struct DriverQueue<T> {
     next: Vec<u16>,
     slots: Vec<Slot<T>>,
     free_head: u16,
+    /// The last free descriptor, where [`DriverQueue::set_fifo_reuse`] appends freed chains.
+    free_tail: u16,
+    fifo: bool,
     num_free: u16,
     avail_idx_shadow: u16,
     /// Chains added since the last kick decision.
@@ -147,6 +150,8 @@ impl<T> DriverQueue<T> {
             next: (1..=size).collect(),
             slots,
             free_head: 0,
+            free_tail: size - 1,
+            fifo: false,
             num_free: size,
             avail_idx_shadow: 0,
             num_added: 0,
@@ -191,6 +196,15 @@ impl<T> DriverQueue<T> {
 
     /// Delays publishing `avail.idx` until `kick_prepare` (the behaviour seed 002 removed;
     /// kept for experiments). Off by default: every `add` publishes.
+    /// Reuses freed descriptors oldest first instead of most recently freed first. When the
+    /// device completes in order and the caller posts each token's buffer again in the order
+    /// it got them back (as a FIFO), every descriptor and avail entry is rewritten with the
+    /// value it already holds, and is left untouched: its cache line stays shared with the
+    /// device instead of moving on every lap. Off by default (most recently freed first).
+    pub fn set_fifo_reuse(&mut self, on: bool) {
+        self.fifo = on;
+    }
+
     pub fn set_publish_on_kick(&mut self, on: bool) {
         self.publish_on_kick = on;
     }
@@ -430,8 +444,17 @@ impl<T> DriverQueue<T> {
         for _ in 1..slot.ndescs {
             last = self.next[last as usize];
         }
-        self.next[last as usize] = self.free_head;
-        self.free_head = head;
+        if self.fifo {
+            if self.num_free == 0 {
+                self.free_head = head;
+            } else {
+                self.next[self.free_tail as usize] = head;
+            }
+            self.free_tail = last;
+        } else {
+            self.next[last as usize] = self.free_head;
+            self.free_head = head;
+        }
         self.num_free += slot.ndescs;
         token
     }
@@ -499,6 +522,7 @@ impl<T> DriverQueue<T> {
         let size = self.config.size();
         self.next = (1..=size).collect();
         self.free_head = 0;
+        self.free_tail = size - 1;
         self.num_free = size;
         self.avail_idx_shadow = 0;
         self.num_added = 0;
@@ -577,6 +601,86 @@ mod tests {
         let all: Vec<_> = (0..8).map(|i| buf(i, 1)).collect();
         p.driver.add(&all, &[], 2).unwrap();
         assert_eq!(p.device.pop().unwrap().unwrap().readable().len(), 8);
+    }
+
+    /// The avail ring entries and the descriptor table, as the device sees them.
+    fn ring_bytes(p: &Pair, size: u16) -> (Vec<u8>, Vec<u8>) {
+        let r = p.config.rings();
+        let mut avail = vec![0u8; 2 * size as usize];
+        p.mem.read(GuestAddress(r.avail.0 + 4), &mut avail).unwrap();
+        let mut desc = vec![0u8; 16 * size as usize];
+        p.mem.read(GuestAddress(r.desc.0), &mut desc).unwrap();
+        (avail, desc)
+    }
+
+    #[test]
+    fn fifo_reuse_posts_each_lap_as_the_last() {
+        // A full ring completed in order and posted again in the order it came back: with
+        // FIFO reuse the device finds the same avail entries and descriptors on every lap;
+        // most-recently-freed-first hands the descriptors out in reverse each lap.
+        for fifo in [true, false] {
+            let mut p = pair(8, Features::EMPTY);
+            p.driver.set_fifo_reuse(fifo);
+            let mut free: std::collections::VecDeque<u32> = (0..8).collect();
+            let mut laps = Vec::new();
+            for lap in 0..3 {
+                while let Some(t) = free.pop_front() {
+                    p.driver.add(&[], &[buf(t as u64, 64)], t).unwrap();
+                }
+                laps.push(ring_bytes(&p, 8));
+                for _ in 0..8 {
+                    let c = p.device.pop().unwrap().unwrap();
+                    p.device.add_used(c.head(), 64).unwrap();
+                }
+                p.device.flush();
+                for i in 0..8 {
+                    let (t, len) = p.driver.get_used().unwrap().unwrap();
+                    assert_eq!(len, 64);
+                    if lap == 0 {
+                        assert_eq!(t, i, "completed in order");
+                    }
+                    free.push_back(t);
+                }
+            }
+            assert_eq!(laps[1].1 == laps[2].1, fifo, "descriptors (fifo {fifo})");
+            assert_eq!(laps[1].0 == laps[2].0, fifo, "avail entries (fifo {fifo})");
+            assert_eq!(
+                laps[0] == laps[1],
+                fifo,
+                "lap 0 against lap 1 (fifo {fifo})"
+            );
+        }
+    }
+
+    #[test]
+    fn fifo_reuse_keeps_the_free_list_intact() {
+        let mut p = pair(8, Features::EMPTY);
+        p.driver.set_fifo_reuse(true);
+        // Chains of 3, 3 and 2 descriptors take the whole table, complete out of order, and
+        // must leave all 8 for one chain again, twice over.
+        for round in 0..2u32 {
+            for (t, n) in [(0u32, 3u64), (1, 3), (2, 2)] {
+                let bufs: Vec<_> = (0..n).map(|i| buf(i, 16)).collect();
+                p.driver.add(&bufs, &[], round * 10 + t).unwrap();
+            }
+            assert_eq!(p.driver.num_free(), 0);
+            let chains: Vec<_> = (0..3).map(|_| p.device.pop().unwrap().unwrap()).collect();
+            for c in [&chains[1], &chains[2], &chains[0]] {
+                p.device.add_used(c.head(), 0).unwrap();
+            }
+            p.device.flush();
+            for t in [1, 2, 0] {
+                assert_eq!(p.driver.get_used(), Ok(Some((round * 10 + t, 0))));
+            }
+            assert_eq!(p.driver.num_free(), 8);
+            let all: Vec<_> = (0..8).map(|i| buf(i, 1)).collect();
+            p.driver.add(&all, &[], 99).unwrap();
+            let c = p.device.pop().unwrap().unwrap();
+            assert_eq!(c.readable().len(), 8);
+            p.device.add_used(c.head(), 0).unwrap();
+            p.device.flush();
+            assert_eq!(p.driver.get_used(), Ok(Some((99, 0))));
+        }
     }
 
     #[test]

@@ -186,9 +186,14 @@ impl Rings {
     pub fn avail_entry(&self, slot: u16) -> u16 {
         u16::from_le(self.avail.as_slice()[2 + slot as usize].load(Relaxed))
     }
+    /// Like [`Rings::update_desc`], leaves an entry that already holds `head` untouched (a
+    /// driver that posts its descriptors in the same order every lap).
     #[inline(always)]
     pub fn set_avail_entry(&self, slot: u16, head: u16) {
-        self.avail.as_slice()[2 + slot as usize].store(head.to_le(), Relaxed)
+        let e = &self.avail.as_slice()[2 + slot as usize];
+        if e.load(Relaxed) != head.to_le() {
+            e.store(head.to_le(), Relaxed)
+        }
     }
     /// `used_event`, at `avail->ring[n]`.
     #[inline(always)]

@@ -106,6 +106,8 @@ struct Setup {
     prefix_notify: PrefixNotify,
     /// Callbacks disabled during the prefix (the driver polls).
     prefix_cb_disabled: bool,
+    /// The driver reuses freed descriptors oldest first (`set_fifo_reuse`).
+    fifo_reuse: bool,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -168,9 +170,10 @@ fn setup() -> impl Strategy<Value = Setup> {
         2u16..=12,
         prefix,
         any::<bool>(),
+        any::<bool>(),
     )
         .prop_map(
-            |(log2, event_idx, indirect, max_chain, (prefix, notify), cb_off)| Setup {
+            |(log2, event_idx, indirect, max_chain, (prefix, notify), cb_off, fifo_reuse)| Setup {
                 size: 1 << log2,
                 event_idx,
                 indirect,
@@ -178,6 +181,7 @@ fn setup() -> impl Strategy<Value = Setup> {
                 prefix,
                 prefix_notify: notify,
                 prefix_cb_disabled: cb_off,
+                fifo_reuse,
             },
         )
 }
@@ -250,7 +254,8 @@ impl Harness {
             addr: INDIRECT_BASE,
             max_chain: s.max_chain,
         };
-        let driver = DriverQueue::activate(&config, mem.clone(), Some(area)).unwrap();
+        let mut driver = DriverQueue::activate(&config, mem.clone(), Some(area)).unwrap();
+        driver.set_fifo_reuse(s.fifo_reuse);
         let device = DeviceQueue::activate(&config, mem, 0).unwrap();
         let mut h = Harness {
             batch: DEFAULT_USED_BATCH.min(s.size),
@@ -637,6 +642,7 @@ fn indirect_chains_are_never_longer_than_the_queue() {
         prefix: 0,
         prefix_notify: PrefixNotify::Never,
         prefix_cb_disabled: false,
+        fifo_reuse: false,
     });
     let b = BufSpec { slot: 1, len: 100 };
     assert!(!h.driver.uses_indirect(3));
