@@ -76,7 +76,10 @@ fn ring_error(vq: u16, counters: &Counters, e: vring::Error) -> DriverError {
 struct BufPool {
     base: GuestAddress,
     buf_len: u32,
-    free: Vec<u16>,
+    /// Free slots. rx takes the oldest (FIFO, with the engine's FIFO descriptor reuse, so a
+    /// buffer goes back to the descriptor and avail entry it had); tx the newest, whose
+    /// lines are likeliest still in our cache.
+    free: std::collections::VecDeque<u16>,
 }
 
 impl BufPool {
@@ -91,6 +94,36 @@ impl BufPool {
     fn addr(&self, slot: u16) -> GuestAddress {
         GuestAddress(self.base.0 + slot as u64 * self.buf_len as u64)
     }
+}
+
+/// For unit tests that drive a queue's device side by hand: 1 MiB of memory, the setup of
+/// virtqueue `index` (`size` entries, rings at 4 KiB, no indirect area, non-blocking
+/// eventfds) and an allocator over the memory past the rings.
+#[cfg(test)]
+fn hand_built(
+    index: u16,
+    size: u16,
+    features: vring::Features,
+) -> (
+    std::sync::Arc<vring::GuestMemory>,
+    crate::frontend::QueueSetup,
+    Allocator,
+) {
+    use crate::frontend::QueueSetup;
+    use std::sync::Arc;
+    use vring::{GuestMemory, QueueConfig, RingAddresses};
+    const MEM: usize = 1 << 20;
+    let mem = Arc::new(GuestMemory::anonymous(&[(GuestAddress(0), MEM)]).unwrap());
+    let rings = RingAddresses::contiguous(GuestAddress(0x1000), size);
+    let setup = QueueSetup {
+        index,
+        config: QueueConfig::new(size as u32, rings, features).unwrap(),
+        indirect: None,
+        kick: EventFd::new(libc::EFD_NONBLOCK).unwrap(),
+        call: EventFd::new(libc::EFD_NONBLOCK).unwrap(),
+    };
+    let alloc = Allocator::over(GuestAddress(0x1_0000), MEM as u64);
+    (mem, setup, alloc)
 }
 
 /// Waits up to `timeout_ms` (negative: forever) for `fd` to become readable.

@@ -158,6 +158,9 @@ impl RxQueue {
             prefetched: 0,
             counters: Arc::new(QueueCounters::default()),
         };
+        // Buffers go back in the order the device used them, each to the descriptor it had:
+        // an in-order device then finds every descriptor and avail entry as it left them.
+        rx.q.set_fifo_reuse(true);
         rx.refill()?;
         Ok(rx)
     }
@@ -198,7 +201,7 @@ impl RxQueue {
             descs
         };
         while self.q.num_free() as usize >= needed {
-            let Some(slot) = self.pool.free.pop() else {
+            let Some(slot) = self.pool.free.pop_front() else {
                 break;
             };
             let at = self.pool.addr(slot);
@@ -219,7 +222,7 @@ impl RxQueue {
                 }
             };
             if let Err(e) = self.q.add(&[], bufs, slot) {
-                self.pool.free.push(slot);
+                self.pool.free.push_back(slot);
                 return Err(ring_error(self.vq, &self.counters, e));
             }
             added = true;
@@ -231,14 +234,16 @@ impl RxQueue {
         Ok(())
     }
 
-    fn next_used(&mut self) -> Result<Option<(u16, u32)>, DriverError> {
+    /// The next used buffer; with `prefetch`, the headers of the ones after it are
+    /// prefetched.
+    fn next_used(&mut self, prefetch: bool) -> Result<Option<(u16, u32)>, DriverError> {
         // The engine checked the used id against its in-flight table and the length against
         // what the chain can take; the token it returns is one of our slots.
         let used = self
             .q
             .get_used()
             .map_err(|e| ring_error(self.vq, &self.counters, e))?;
-        if used.is_some() {
+        if prefetch && used.is_some() {
             self.prefetch_headers();
         }
         Ok(used)
@@ -264,18 +269,28 @@ impl RxQueue {
         Ok(self.take(Some(out))?.map(|(hdr, _)| hdr))
     }
 
-    /// Like [`RxQueue::recv`] without copying the frame out: its header and length only, for
-    /// a consumer that only counts (as DPDK's rxonly forwarding does).
-    pub fn recv_len(&mut self) -> Result<Option<(NetHdr, usize)>, DriverError> {
-        self.take(None)
+    /// Like [`RxQueue::recv`] without copying the frame out: its length only, for a consumer
+    /// that only counts (as DPDK's rxonly forwarding does).
+    ///
+    /// The frame's bytes, header included, are not read at all unless the frame may go on
+    /// into another buffer (mergeable buffers only): the device's cache keeps the lines it
+    /// wrote, and its next write there costs it no transfer. A buffer the device did not fill
+    /// ends its frame, because a device must fill every buffer of a frame but the last
+    /// (spec 5.1.6.4.2), so `num_buffers` is read only for a full buffer.
+    pub fn recv_len(&mut self) -> Result<Option<usize>, DriverError> {
+        Ok(self.take(None)?.map(|(_, len)| len))
     }
 
+    /// The next frame: its header and length, its bytes appended to `out` if given. Without
+    /// `out` the header is read only when the frame may span buffers (see
+    /// [`RxQueue::recv_len`]); the header returned is then all zero.
     fn take(
         &mut self,
         mut out: Option<&mut Vec<u8>>,
     ) -> Result<Option<(NetHdr, usize)>, DriverError> {
+        let copy = out.is_some();
         loop {
-            let Some((slot, len)) = self.next_used()? else {
+            let Some((slot, len)) = self.next_used(copy)? else {
                 return Ok(None);
             };
             if let Some(o) = out.as_deref_mut() {
@@ -287,25 +302,37 @@ impl RxQueue {
             let mut ok = len >= self.hdr_len;
             let mut buffers = 1u16;
             let mut frame_len = 0;
-            if ok {
+            // Only a full mergeable buffer may have a successor (spec 5.1.6.4.2).
+            let full =
+                matches!(self.layout, RxLayout::Mergeable { buf_len } if len >= buf_len as usize);
+            if ok && (copy || full) {
                 self.read(first, &mut hdr_bytes[..self.hdr_len])?;
                 if matches!(self.layout, RxLayout::Mergeable { .. }) {
                     buffers = NetHdr::from_bytes(&hdr_bytes).num_buffers.max(1);
                 }
+                // A short buffer that claims successors: the device broke the rule above. The
+                // frame is dropped and the buffers after it are taken as frames of their own,
+                // as a consumer that does not read headers takes them.
+                if buffers > 1 && !full {
+                    ok = false;
+                    buffers = 1;
+                }
+            }
+            if ok {
                 frame_len += self.copy_out(first, self.hdr_len, len, out.as_deref_mut())?;
             }
-            self.pool.free.push(slot);
+            self.pool.free.push_back(slot);
             // More buffers than could possibly be in flight: a lie, not a frame to wait for.
             if buffers as usize > self.q.config().size() as usize {
                 ok = false;
                 buffers = 1;
             }
             for _ in 1..buffers {
-                match self.next_used()? {
+                match self.next_used(copy)? {
                     Some((slot, len)) => {
                         let at = self.pool.addr(slot);
                         frame_len += self.copy_out(at, 0, len as usize, out.as_deref_mut())?;
-                        self.pool.free.push(slot);
+                        self.pool.free.push_back(slot);
                     }
                     None => {
                         ok = false;
@@ -467,6 +494,91 @@ impl RxQueue {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::driver::hand_built;
+    use vring::DeviceQueue;
+
+    const BUF: u32 = 128;
+
+    /// A mergeable rx queue of 8 `BUF`-byte buffers with a device side we drive by hand.
+    struct Rig {
+        rx: RxQueue,
+        device: DeviceQueue,
+        mem: Arc<GuestMemory>,
+    }
+
+    fn rig() -> Rig {
+        let features = Features::VERSION_1 | Features::NET_MRG_RXBUF;
+        let (mem, setup, mut alloc) = hand_built(0, 8, features);
+        let rx = RxQueue::new(&setup, &mem, &mut alloc, BUF).unwrap();
+        let device = DeviceQueue::activate(&setup.config, mem.clone(), 0).unwrap();
+        Rig { rx, device, mem }
+    }
+
+    impl Rig {
+        /// The device writes a frame of `buffers.len()` buffers: the header (claiming
+        /// `num_buffers`) then payload, `buffers[i]` bytes used in buffer i.
+        fn deliver(&mut self, num_buffers: u16, buffers: &[u32]) {
+            for (i, &len) in buffers.iter().enumerate() {
+                let c = self.device.pop().unwrap().expect("a posted buffer");
+                let at = c.writable()[0].addr;
+                self.mem.write(at, &vec![0xab; len as usize]).unwrap();
+                if i == 0 {
+                    let hdr = NetHdr {
+                        num_buffers,
+                        ..Default::default()
+                    };
+                    self.mem.write(at, &hdr.to_bytes()).unwrap();
+                }
+                self.device.add_used(c.head(), len).unwrap();
+            }
+            self.device.flush();
+        }
+    }
+
+    #[test]
+    fn counting_and_copying_agree_on_frame_boundaries() {
+        // One frame in a short buffer, one spanning two full buffers and a short third, and
+        // a short buffer that claims a successor: the device broke the rule that only a full
+        // buffer continues, so the buffer after it starts a frame of its own.
+        let frames: [(u16, &[u32]); 4] = [
+            (1, &[12 + 60]),
+            (3, &[BUF, BUF, 40]),
+            (2, &[12 + 50]),
+            (1, &[12 + 30]),
+        ];
+        for count in [true, false] {
+            let mut r = rig();
+            for (n, bufs) in frames {
+                r.deliver(n, bufs);
+                if r.rx.q.num_free() > 0 {
+                    r.rx.refill().unwrap();
+                }
+            }
+            let mut got = Vec::new();
+            let mut frame = Vec::new();
+            loop {
+                let len = if count {
+                    r.rx.recv_len().unwrap()
+                } else {
+                    r.rx.recv(&mut frame).unwrap().map(|_| frame.len())
+                };
+                match len {
+                    Some(l) => got.push(l),
+                    None => break,
+                }
+                r.rx.refill().unwrap();
+            }
+            let c = &r.rx.counters;
+            if count {
+                // Without reading the third header, its claim is not seen: a frame.
+                assert_eq!(got, [60, 2 * BUF as usize - 12 + 40, 50, 30]);
+                assert_eq!(c.dropped.get(), 0);
+            } else {
+                assert_eq!(got, [60, 2 * BUF as usize - 12 + 40, 30]);
+                assert_eq!(c.dropped.get(), 1);
+            }
+        }
+    }
 
     #[test]
     fn layouts_follow_features() {

@@ -205,7 +205,7 @@ impl TxQueue {
                 Ok(Some((slot, _))) => {
                     // The engine checked the id against its own in-flight table and gave back
                     // our token: `slot` is one of ours.
-                    self.pool.free.push(slot);
+                    self.pool.free.push_back(slot);
                     n += 1;
                 }
                 Ok(None) => break,
@@ -278,7 +278,7 @@ impl TxQueue {
                 max: self.max_frame(),
             });
         }
-        let Some(slot) = self.pool.free.pop() else {
+        let Some(slot) = self.pool.free.pop_back() else {
             // One buffer per descriptor: no buffer left means the ring is full. With capacity
             // stop/wake the queue stopped before this could happen.
             return self.ring_full();
@@ -306,7 +306,7 @@ impl TxQueue {
         if let Err(e) = written.and_then(|()| self.q.add(&[Buf::new(at, len)], &[], slot)) {
             self.slot_hdr[slot as usize] = None;
             self.slot_tag[slot as usize] = None;
-            self.pool.free.push(slot);
+            self.pool.free.push_back(slot);
             if let vring::Error::QueueFull { .. } = e {
                 return self.ring_full();
             }
@@ -418,11 +418,8 @@ impl TxQueue {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use vring::{DeviceQueue, Features, QueueConfig, RingAddresses};
-
-    const MEM: usize = 1 << 20;
-    const RINGS: GuestAddress = GuestAddress(0x1000);
-    const BUFFERS: GuestAddress = GuestAddress(0x1_0000);
+    use crate::driver::hand_built;
+    use vring::{DeviceQueue, Features};
 
     /// A tx queue of `size` with a device side we drive by hand.
     struct Rig {
@@ -431,24 +428,10 @@ mod tests {
     }
 
     fn rig(size: u16) -> Rig {
-        let mem = Arc::new(GuestMemory::anonymous(&[(GuestAddress(0), MEM)]).unwrap());
         let features = Features::VERSION_1 | Features::RING_EVENT_IDX;
-        let config = QueueConfig::new(
-            size as u32,
-            RingAddresses::contiguous(RINGS, size),
-            features,
-        )
-        .unwrap();
-        let setup = QueueSetup {
-            index: 1,
-            config,
-            indirect: None,
-            kick: EventFd::new(libc::EFD_NONBLOCK).unwrap(),
-            call: EventFd::new(libc::EFD_NONBLOCK).unwrap(),
-        };
-        let mut alloc = Allocator::over(BUFFERS, MEM as u64);
+        let (mem, setup, mut alloc) = hand_built(1, size, features);
         let tx = TxQueue::new(&setup, &mem, &mut alloc, 256).unwrap();
-        let device = DeviceQueue::activate(&config, mem, 0).unwrap();
+        let device = DeviceQueue::activate(&setup.config, mem, 0).unwrap();
         Rig { tx, device }
     }
 
