@@ -5,12 +5,16 @@
 //! SET_MEM_TABLE, from which rings, indirect tables and packet buffers are carved. Ring
 //! addresses travel as frontend virtual addresses, as QEMU sends them.
 
+use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
+use vhost::vhost_user::message::{
+    FrontendReq, VhostUserHeaderFlag, VhostUserProtocolFeatures, VhostUserVirtioFeatures,
+};
 use vhost::vhost_user::{Frontend, VhostUserFrontend};
 use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
 use vmm_sys_util::eventfd::EventFd;
@@ -37,6 +41,22 @@ pub enum FrontendError {
     NoSuchQueue { index: usize },
     #[error("out of frontend memory: {wanted} bytes more needed")]
     OutOfMemory { wanted: u64 },
+    #[error("the backend did not finish the vhost-user handshake within {after:?}")]
+    Timeout { after: Duration },
+    #[error("vhost-user {request}: {reason}")]
+    Status {
+        request: &'static str,
+        reason: String,
+    },
+}
+
+/// The virtio device status bits (spec 2.1) a driver sets, in the order it sets them.
+pub mod status {
+    use virtio_bindings::virtio_config as c;
+    pub const ACKNOWLEDGE: u8 = c::VIRTIO_CONFIG_S_ACKNOWLEDGE as u8;
+    pub const DRIVER: u8 = c::VIRTIO_CONFIG_S_DRIVER as u8;
+    pub const FEATURES_OK: u8 = c::VIRTIO_CONFIG_S_FEATURES_OK as u8;
+    pub const DRIVER_OK: u8 = c::VIRTIO_CONFIG_S_DRIVER_OK as u8;
 }
 
 fn req(request: &'static str) -> impl FnOnce(vhost::Error) -> FrontendError {
@@ -85,6 +105,12 @@ pub struct QueueSetup {
 /// A connected, negotiated vhost-user device.
 pub struct Connection {
     frontend: Frontend,
+    /// The same socket, for SET_STATUS and GET_STATUS, which rust-vmm's `Frontend` cannot send.
+    raw: UnixStream,
+    /// Armed from connecting until [`Connection::finish_handshake`].
+    watchdog: Option<Watchdog>,
+    /// The status last set (0 until [`Connection::set_status`]).
+    status: u8,
     pub features: Features,
     pub protocol: VhostUserProtocolFeatures,
     pub mem: Arc<GuestMemory>,
@@ -98,6 +124,54 @@ impl std::fmt::Debug for Connection {
             .field("features", &self.features)
             .field("queues", &self.queues.len())
             .finish()
+    }
+}
+
+/// How long the handshake, from connecting to [`Connection::finish_handshake`], may take.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Shuts the socket down if the handshake has not finished in time. rust-vmm's `Frontend`
+/// retries a read that times out, so a receive timeout cannot stop a backend that never
+/// answers from blocking us forever; a shut-down socket makes the read fail.
+#[derive(Debug)]
+struct Watchdog {
+    /// (finished, fired), and the condition the watchdog thread waits on.
+    state: Arc<(std::sync::Mutex<(bool, bool)>, std::sync::Condvar)>,
+}
+
+impl Watchdog {
+    fn arm(sock: UnixStream, timeout: Duration) -> Result<Watchdog, FrontendError> {
+        let state = Arc::new((
+            std::sync::Mutex::new((false, false)),
+            std::sync::Condvar::new(),
+        ));
+        let s = state.clone();
+        std::thread::Builder::new()
+            .name("vhost-user-watchdog".into())
+            .spawn(move || {
+                let (m, cv) = &*s;
+                let g = m.lock().unwrap_or_else(|e| e.into_inner());
+                let (mut g, _) = cv
+                    .wait_timeout_while(g, timeout, |(finished, _)| !*finished)
+                    .unwrap_or_else(|e| e.into_inner());
+                if !g.0 {
+                    g.1 = true;
+                    let _ = sock.shutdown(std::net::Shutdown::Both);
+                }
+            })?;
+        Ok(Watchdog { state })
+    }
+
+    fn fired(&self) -> bool {
+        self.state.0.lock().unwrap_or_else(|e| e.into_inner()).1
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        let (m, cv) = &*self.state;
+        m.lock().unwrap_or_else(|e| e.into_inner()).0 = true;
+        cv.notify_one();
     }
 }
 
@@ -121,6 +195,7 @@ impl Connection {
         for i in 0..num_queues {
             conn.setup_queue(i, queue_size)?;
         }
+        conn.finish_handshake();
         Ok(conn)
     }
 
@@ -137,18 +212,43 @@ impl Connection {
         wait: Duration,
     ) -> Result<Connection, FrontendError> {
         let deadline = Instant::now() + wait;
-        let mut frontend = loop {
-            match Frontend::connect(path, max_queues as u64) {
-                Ok(f) => break f,
+        let sock = loop {
+            match UnixStream::connect(path) {
+                Ok(s) => break s,
                 Err(e) if Instant::now() >= deadline => {
                     return Err(FrontendError::Connect {
                         path: path.display().to_string(),
-                        source: e,
+                        source: vhost::Error::VhostUserProtocol(
+                            vhost::vhost_user::Error::SocketConnect(e),
+                        ),
                     })
                 }
                 Err(_) => std::thread::sleep(Duration::from_millis(20)),
             }
         };
+        let watchdog = Watchdog::arm(sock.try_clone()?, HANDSHAKE_TIMEOUT)?;
+        match Self::handshake(sock, max_queues, wanted, required, mem_size) {
+            Ok(mut conn) => {
+                conn.watchdog = Some(watchdog);
+                Ok(conn)
+            }
+            Err(_) if watchdog.fired() => Err(FrontendError::Timeout {
+                after: HANDSHAKE_TIMEOUT,
+            }),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Negotiation and memory, on a connected socket.
+    fn handshake(
+        sock: UnixStream,
+        max_queues: u16,
+        wanted: Features,
+        required: Features,
+        mem_size: usize,
+    ) -> Result<Connection, FrontendError> {
+        let raw = sock.try_clone()?;
+        let mut frontend = Frontend::from_stream(sock, max_queues as u64);
         frontend.set_owner().map_err(req("SET_OWNER"))?;
         let offered = Features(frontend.get_features().map_err(req("GET_FEATURES"))?);
         let missing = required.difference(offered);
@@ -161,7 +261,8 @@ impl Connection {
         if features.contains(protocol_bit) {
             let ours = VhostUserProtocolFeatures::MQ
                 | VhostUserProtocolFeatures::REPLY_ACK
-                | VhostUserProtocolFeatures::CONFIG;
+                | VhostUserProtocolFeatures::CONFIG
+                | VhostUserProtocolFeatures::STATUS;
             protocol = frontend
                 .get_protocol_features()
                 .map_err(req("GET_PROTOCOL_FEATURES"))?
@@ -190,8 +291,11 @@ impl Connection {
         frontend
             .set_mem_table(&regions)
             .map_err(req("SET_MEM_TABLE"))?;
-        let conn = Connection {
+        let mut conn = Connection {
             frontend,
+            raw,
+            watchdog: None,
+            status: 0,
             features,
             protocol,
             mem,
@@ -201,7 +305,111 @@ impl Connection {
             },
             queues: Vec::new(),
         };
+        // The driver's steps so far (spec 3.1.1): it found the device, knows how to drive it,
+        // and the features are set. The caller sets DRIVER_OK once its queues run.
+        conn.set_status(status::ACKNOWLEDGE | status::DRIVER)?;
+        conn.set_status(status::ACKNOWLEDGE | status::DRIVER | status::FEATURES_OK)?;
         Ok(conn)
+    }
+
+    /// Ends the handshake's deadline ([`HANDSHAKE_TIMEOUT`] from connecting): the caller has
+    /// set up and started its queues. Until then, a backend that stops answering has the
+    /// socket shut down under it, and the request waiting on it fails.
+    pub fn finish_handshake(&mut self) {
+        self.watchdog = None;
+    }
+
+    /// Whether the STATUS protocol feature was negotiated: SET_STATUS and GET_STATUS work.
+    pub fn has_status(&self) -> bool {
+        self.protocol.contains(VhostUserProtocolFeatures::STATUS)
+    }
+
+    /// Sends SET_STATUS with `value` (waiting for the backend's ack with REPLY_ACK). Without
+    /// the STATUS protocol feature, only remembers it. DPDK's vhost library starts a device
+    /// that negotiated STATUS only once DRIVER_OK is set.
+    pub fn set_status(&mut self, value: u8) -> Result<(), FrontendError> {
+        self.status = value;
+        if !self.has_status() {
+            return Ok(());
+        }
+        let ack = self.protocol.contains(VhostUserProtocolFeatures::REPLY_ACK);
+        let need_reply = if ack {
+            VhostUserHeaderFlag::NEED_REPLY.bits()
+        } else {
+            0
+        };
+        self.send(FrontendReq::SET_STATUS, need_reply, Some(value as u64))?;
+        if ack {
+            let code = self.reply(FrontendReq::SET_STATUS)?;
+            if code != 0 {
+                return Err(FrontendError::Status {
+                    request: "SET_STATUS",
+                    reason: format!("the backend refused status {value:#x} (reply {code})"),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// The status last set with [`Connection::set_status`].
+    pub fn status(&self) -> u8 {
+        self.status
+    }
+
+    /// Asks the backend for the device status (GET_STATUS): what it took from SET_STATUS,
+    /// plus NEEDS_RESET if it stopped a queue. None without the STATUS protocol feature.
+    pub fn get_status(&mut self) -> Result<Option<u8>, FrontendError> {
+        if !self.has_status() {
+            return Ok(None);
+        }
+        self.send(FrontendReq::GET_STATUS, 0, None)?;
+        let v = self.reply(FrontendReq::GET_STATUS)?;
+        u8::try_from(v)
+            .map(Some)
+            .map_err(|_| FrontendError::Status {
+                request: "GET_STATUS",
+                reason: format!("status {v:#x} does not fit a byte"),
+            })
+    }
+
+    /// Writes a request: header (code, flags with version 1, payload size), then `payload`.
+    fn send(
+        &mut self,
+        code: FrontendReq,
+        flags: u32,
+        payload: Option<u64>,
+    ) -> Result<(), FrontendError> {
+        let mut msg = Vec::with_capacity(20);
+        msg.extend_from_slice(&u32::from(code).to_ne_bytes());
+        msg.extend_from_slice(&(0x1 | flags).to_ne_bytes());
+        let size = if payload.is_some() { 8u32 } else { 0 };
+        msg.extend_from_slice(&size.to_ne_bytes());
+        if let Some(v) = payload {
+            msg.extend_from_slice(&v.to_ne_bytes());
+        }
+        self.raw.write_all(&msg)?;
+        Ok(())
+    }
+
+    /// Reads the reply to `code`: a header with REPLY set and a u64 payload, which it returns.
+    fn reply(&mut self, code: FrontendReq) -> Result<u64, FrontendError> {
+        let request = match code {
+            FrontendReq::SET_STATUS => "SET_STATUS",
+            _ => "GET_STATUS",
+        };
+        let bad = |reason: String| FrontendError::Status { request, reason };
+        let mut hdr = [0u8; 12];
+        self.raw.read_exact(&mut hdr)?;
+        let word = |i: usize| u32::from_ne_bytes(hdr[4 * i..4 * i + 4].try_into().unwrap());
+        let (got, flags, size) = (word(0), word(1), word(2));
+        if got != u32::from(code) || flags & VhostUserHeaderFlag::REPLY.bits() == 0 || size != 8 {
+            return Err(bad(format!(
+                "unexpected reply: request {got}, flags {flags:#x}, size {size}"
+            )));
+        }
+        let mut v = [0u8; 8];
+        self.raw.read_exact(&mut v)?;
+        Ok(u64::from_ne_bytes(v))
     }
 
     fn user_addr(&self, a: GuestAddress) -> u64 {

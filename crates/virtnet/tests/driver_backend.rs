@@ -68,6 +68,47 @@ fn drain_rx(p: &mut QueuePair, for_ms: u64) -> usize {
 }
 
 #[test]
+fn the_driver_sets_the_device_status_through_set_status() {
+    let b = echo_backend("drv-status");
+    let mut d = driver(&b, 1, Some(CtrlMode::Irq));
+    // ACKNOWLEDGE | DRIVER, then FEATURES_OK, then DRIVER_OK once the queues run: three
+    // requests, and the backend reports what it took.
+    assert!(d.connection().has_status(), "STATUS negotiated");
+    assert_eq!(d.connection_mut().get_status().unwrap(), Some(0xf));
+    let device = b.device.device_report();
+    assert_eq!((device.status, device.status_sets), (0xf, 3));
+    // The device works after it.
+    let mut p = d.take_pairs().remove(0);
+    assert_eq!(echo(&mut p, &[frame(1, 64)]).len(), 1);
+}
+
+#[test]
+fn a_backend_that_never_answers_fails_the_connect_in_time() {
+    let dir = temp_dir("drv-silent");
+    let socket = dir.0.join("vhost.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    // Accepts, reads whatever comes, never writes.
+    std::thread::spawn(move || {
+        use std::io::Read;
+        let (mut s, _) = listener.accept().unwrap();
+        let mut buf = [0u8; 4096];
+        while matches!(s.read(&mut buf), Ok(n) if n > 0) {}
+    });
+    let t0 = Instant::now();
+    let err = NetDriver::connect(&socket, &DriverConfig::default()).unwrap_err();
+    let waited = t0.elapsed();
+    assert!(
+        waited >= virtnet::frontend::HANDSHAKE_TIMEOUT && waited < Duration::from_secs(30),
+        "{waited:?}"
+    );
+    assert!(
+        err.to_string()
+            .contains("did not finish the vhost-user handshake"),
+        "{err}"
+    );
+}
+
+#[test]
 fn frames_go_both_ways_on_every_pair_and_counters_agree() {
     let b = start_backend(
         "drv-mq",
@@ -210,13 +251,7 @@ fn coalescing_commands_show_in_the_backend_stats() {
 
 #[test]
 fn promisc_off_and_the_mac_filter_drop_frames_to_other_macs() {
-    let b = start_backend(
-        "drv-filter",
-        BackendConfig {
-            io: IoMode::Echo,
-            ..Default::default()
-        },
-    );
+    let b = echo_backend("drv-filter");
     let mut d = driver(&b, 1, Some(CtrlMode::Irq));
     assert_eq!(
         d.mac(),
@@ -268,13 +303,7 @@ fn commands_without_their_feature_are_refused_by_the_driver() {
 
 #[test]
 fn small_and_big_rx_buffers_without_mrg_rxbuf() {
-    let b = start_backend(
-        "drv-layouts",
-        BackendConfig {
-            io: IoMode::Echo,
-            ..Default::default()
-        },
-    );
+    let b = echo_backend("drv-layouts");
     let base = Features::VERSION_1 | Features::RING_EVENT_IDX | Features::RING_INDIRECT_DESC;
     for (features, big) in [(base, false), (base | Features::NET_GUEST_TSO4, true)] {
         let cfg = DriverConfig {
@@ -306,13 +335,7 @@ fn small_and_big_rx_buffers_without_mrg_rxbuf() {
 
 #[test]
 fn checksum_and_tso_flags_travel_in_the_header() {
-    let b = start_backend(
-        "drv-offload",
-        BackendConfig {
-            io: IoMode::Echo,
-            ..Default::default()
-        },
-    );
+    let b = echo_backend("drv-offload");
     let cfg = DriverConfig {
         features: virtnet::driver::DEFAULT_FEATURES
             | Features::NET_CSUM
@@ -378,13 +401,7 @@ fn checksum_and_tso_flags_travel_in_the_header() {
 
 #[test]
 fn garbage_in_the_used_ring_breaks_that_queue_only() {
-    let b = start_backend(
-        "drv-garbage",
-        BackendConfig {
-            io: IoMode::Echo,
-            ..Default::default()
-        },
-    );
+    let b = echo_backend("drv-garbage");
     let mut d = driver(&b, 1, None);
     let mem = d.connection().mem.clone();
     let used = d.connection().queue(1).unwrap().config.rings().used.0;
@@ -431,13 +448,7 @@ fn garbage_in_the_used_ring_breaks_that_queue_only() {
 
 #[test]
 fn tagged_frames_skip_the_copy_but_never_send_stale_content() {
-    let b = start_backend(
-        "drv-tagged",
-        BackendConfig {
-            io: IoMode::Echo,
-            ..Default::default()
-        },
-    );
+    let b = echo_backend("drv-tagged");
     let mut d = driver(&b, 1, None);
     let mut p = d.take_pairs().remove(0);
     // More frames than buffers, so buffers are reused; the content changes with the tag,

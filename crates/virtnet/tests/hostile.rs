@@ -14,16 +14,6 @@ use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
 use virtnet::backend::{BackendConfig, IoMode};
 use vring::{GuestAddress, GuestMemory};
 
-fn echo_backend(tag: &str) -> Backend {
-    start_backend(
-        tag,
-        BackendConfig {
-            io: IoMode::Echo,
-            ..Default::default()
-        },
-    )
-}
-
 /// The backend still serves a well-behaved driver.
 fn assert_still_serves(b: &Backend) {
     let mut p = connect(b, WANTED);

@@ -16,7 +16,7 @@ use super::ctrl::{CtrlMode, CtrlQueue};
 use super::rx::{self, RxLayout, RxQueue};
 use super::tx::TxQueue;
 use super::DriverError;
-use crate::frontend::Connection;
+use crate::frontend::{status, Connection};
 use crate::net::ctrl::{Coalesce, Command};
 
 /// The largest queue-pair count a vhost-user-net device may have (the spec's 0x8000 is far
@@ -176,6 +176,8 @@ impl NetDriver {
         if let Some(c) = &ctrl {
             conn.start_queue(c.vq() as usize)?;
         }
+        conn.set_status(conn.status() | status::DRIVER_OK)?;
+        conn.finish_handshake();
         let counters = queue_pairs
             .iter()
             .map(|p| (p.rx.counters.clone(), p.tx.counters.clone()))
@@ -270,6 +272,10 @@ impl NetDriver {
     }
     pub fn connection(&self) -> &Connection {
         &self.conn
+    }
+    /// The connection, for requests outside the data path (GET_STATUS).
+    pub fn connection_mut(&mut self) -> &mut Connection {
+        &mut self.conn
     }
 
     /// Hands out the queue pairs, to be run by their own threads. Their counters stay

@@ -7,7 +7,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use virtnet::backend::{self, BackendConfig, Device};
+use virtnet::backend::{self, BackendConfig, Device, IoMode};
 use virtnet::driver::{RxQueue, TxQueue};
 use virtnet::frontend::Connection;
 use virtnet::net::NetHdr;
@@ -47,6 +47,17 @@ pub fn start_backend(tag: &str, config: BackendConfig) -> Backend {
         socket,
         _dir: dir,
     }
+}
+
+/// A backend with one pair that echoes every frame back.
+pub fn echo_backend(tag: &str) -> Backend {
+    start_backend(
+        tag,
+        BackendConfig {
+            io: IoMode::Echo,
+            ..Default::default()
+        },
+    )
 }
 
 pub const WANTED: Features = Features(
