@@ -21,6 +21,8 @@ use vmm_sys_util::eventfd::EventFd;
 use vring::driver::IndirectArea;
 use vring::{Features, GuestAddress, GuestMemory, QueueConfig, RingAddresses};
 
+use crate::vhost_wire;
+
 /// Frontend errors: the transport failed, or the backend cannot give what we need.
 #[derive(Debug, thiserror::Error)]
 pub enum FrontendError {
@@ -338,9 +340,14 @@ impl Connection {
         } else {
             0
         };
-        self.send(FrontendReq::SET_STATUS, need_reply, Some(value as u64))?;
+        let msg = vhost_wire::encode(
+            FrontendReq::SET_STATUS,
+            vhost_wire::VERSION_1 | need_reply,
+            &u64::from(value).to_ne_bytes(),
+        );
+        self.raw.write_all(&msg)?;
         if ack {
-            let code = self.reply(FrontendReq::SET_STATUS)?;
+            let code = self.reply(FrontendReq::SET_STATUS, "SET_STATUS")?;
             if code != 0 {
                 return Err(FrontendError::Status {
                     request: "SET_STATUS",
@@ -362,8 +369,9 @@ impl Connection {
         if !self.has_status() {
             return Ok(None);
         }
-        self.send(FrontendReq::GET_STATUS, 0, None)?;
-        let v = self.reply(FrontendReq::GET_STATUS)?;
+        let msg = vhost_wire::encode(FrontendReq::GET_STATUS, vhost_wire::VERSION_1, &[]);
+        self.raw.write_all(&msg)?;
+        let v = self.reply(FrontendReq::GET_STATUS, "GET_STATUS")?;
         u8::try_from(v)
             .map(Some)
             .map_err(|_| FrontendError::Status {
@@ -372,40 +380,17 @@ impl Connection {
             })
     }
 
-    /// Writes a request: header (code, flags with version 1, payload size), then `payload`.
-    fn send(
-        &mut self,
-        code: FrontendReq,
-        flags: u32,
-        payload: Option<u64>,
-    ) -> Result<(), FrontendError> {
-        let mut msg = Vec::with_capacity(20);
-        msg.extend_from_slice(&u32::from(code).to_ne_bytes());
-        msg.extend_from_slice(&(0x1 | flags).to_ne_bytes());
-        let size = if payload.is_some() { 8u32 } else { 0 };
-        msg.extend_from_slice(&size.to_ne_bytes());
-        if let Some(v) = payload {
-            msg.extend_from_slice(&v.to_ne_bytes());
-        }
-        self.raw.write_all(&msg)?;
-        Ok(())
-    }
-
-    /// Reads the reply to `code`: a header with REPLY set and a u64 payload, which it returns.
-    fn reply(&mut self, code: FrontendReq) -> Result<u64, FrontendError> {
-        let request = match code {
-            FrontendReq::SET_STATUS => "SET_STATUS",
-            _ => "GET_STATUS",
-        };
-        let bad = |reason: String| FrontendError::Status { request, reason };
-        let mut hdr = [0u8; 12];
+    /// Reads the reply to `code` (named `request` in errors): a header with REPLY set and a
+    /// u64 payload, which it returns.
+    fn reply(&mut self, code: FrontendReq, request: &'static str) -> Result<u64, FrontendError> {
+        let mut hdr = [0u8; vhost_wire::HDR_LEN];
         self.raw.read_exact(&mut hdr)?;
-        let word = |i: usize| u32::from_ne_bytes(hdr[4 * i..4 * i + 4].try_into().unwrap());
-        let (got, flags, size) = (word(0), word(1), word(2));
+        let (got, flags, size) = vhost_wire::decode_header(&hdr);
         if got != u32::from(code) || flags & VhostUserHeaderFlag::REPLY.bits() == 0 || size != 8 {
-            return Err(bad(format!(
-                "unexpected reply: request {got}, flags {flags:#x}, size {size}"
-            )));
+            return Err(FrontendError::Status {
+                request,
+                reason: format!("unexpected reply: request {got}, flags {flags:#x}, size {size}"),
+            });
         }
         let mut v = [0u8; 8];
         self.raw.read_exact(&mut v)?;

@@ -15,3 +15,4 @@ pub mod gen;
 pub mod net;
 #[allow(unsafe_code)]
 pub mod sys;
+pub(crate) mod vhost_wire;

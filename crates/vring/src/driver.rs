@@ -83,7 +83,8 @@ pub struct DriverQueue<T> {
     next: Vec<u16>,
     slots: Vec<Slot<T>>,
     free_head: u16,
-    /// The last free descriptor, where [`DriverQueue::set_fifo_reuse`] appends freed chains.
+    /// The last free descriptor (while any is free), where [`DriverQueue::set_fifo_reuse`]
+    /// appends freed chains.
     free_tail: u16,
     fifo: bool,
     num_free: u16,
@@ -194,8 +195,6 @@ impl<T> DriverQueue<T> {
         })
     }
 
-    /// Delays publishing `avail.idx` until `kick_prepare` (the behaviour seed 002 removed;
-    /// kept for experiments). Off by default: every `add` publishes.
     /// Reuses freed descriptors oldest first instead of most recently freed first. When the
     /// device completes in order and the caller posts each token's buffer again in the order
     /// it got them back (as a FIFO), every descriptor and avail entry is rewritten with the
@@ -205,6 +204,8 @@ impl<T> DriverQueue<T> {
         self.fifo = on;
     }
 
+    /// Delays publishing `avail.idx` until `kick_prepare` (the behaviour seed 002 removed;
+    /// kept for experiments). Off by default: every `add` publishes.
     pub fn set_publish_on_kick(&mut self, on: bool) {
         self.publish_on_kick = on;
     }
@@ -444,12 +445,12 @@ impl<T> DriverQueue<T> {
         for _ in 1..slot.ndescs {
             last = self.next[last as usize];
         }
-        if self.fifo {
-            if self.num_free == 0 {
-                self.free_head = head;
-            } else {
-                self.next[self.free_tail as usize] = head;
-            }
+        // The tail is kept in both orders, so the order may change at any time.
+        if self.num_free == 0 {
+            self.free_head = head;
+            self.free_tail = last;
+        } else if self.fifo {
+            self.next[self.free_tail as usize] = head;
             self.free_tail = last;
         } else {
             self.next[last as usize] = self.free_head;

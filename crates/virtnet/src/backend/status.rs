@@ -2,9 +2,8 @@
 //!
 //! rust-vmm `vhost` 0.18 knows both request codes but does not dispatch them: its handler
 //! answers them like unknown requests, and we would close the connection. So the serving loop
-//! peeks at each request header first and handles these two here. Their framing is the one
-//! piece of the wire format written by hand: the crate keeps its header type private. The codes,
-//! flags and the u64 payload are the crate's.
+//! peeks at each request header first and handles these two here, framed by
+//! [`crate::vhost_wire`]. The codes, flags and the u64 payload are the crate's.
 //!
 //! The status is the virtio device status byte (virtio spec 2.1). GET_STATUS adds NEEDS_RESET
 //! while any queue of the device is broken, so a frontend learns that the device stopped a
@@ -14,14 +13,12 @@ use std::io::{self, Read, Write};
 use std::os::unix::net::UnixStream;
 
 use vhost::vhost_user::message::{FrontendReq, VhostUserHeaderFlag, VhostUserU64};
-use vm_memory::ByteValued;
+
+use crate::vhost_wire::{self, HDR_LEN};
 
 /// The device status bit that asks the driver for a reset.
 pub const NEEDS_RESET: u8 = 0x40;
 
-/// Request header: request code, flags, payload size; three native-endian u32 (vhost-user
-/// spec, "Message Specification").
-const HDR_LEN: usize = 12;
 const U64_LEN: usize = std::mem::size_of::<VhostUserU64>();
 
 /// What [`handle_next`] did with the request waiting on the socket.
@@ -60,8 +57,7 @@ impl Status {
         if crate::sys::peek(stream, &mut hdr)? < HDR_LEN || !negotiated {
             return Ok(Handled::No);
         }
-        let word = |i: usize| u32::from_ne_bytes(hdr[4 * i..4 * i + 4].try_into().unwrap());
-        let (code, flags, size) = (word(0), word(1), word(2));
+        let (code, flags, size) = vhost_wire::decode_header(&hdr);
         let set = code == u32::from(FrontendReq::SET_STATUS);
         if !set && code != u32::from(FrontendReq::GET_STATUS) {
             return Ok(Handled::No);
@@ -79,14 +75,14 @@ impl Status {
         }
         let mut msg = [0u8; HDR_LEN + U64_LEN];
         (&*stream).read_exact(&mut msg[..HDR_LEN + expected])?;
+        let req = if set {
+            FrontendReq::SET_STATUS
+        } else {
+            FrontendReq::GET_STATUS
+        };
         let reply = |value: u64| -> io::Result<()> {
-            let mut out = [0u8; HDR_LEN + U64_LEN];
-            let flags = 0x1 | VhostUserHeaderFlag::REPLY.bits();
-            out[..4].copy_from_slice(&code.to_ne_bytes());
-            out[4..8].copy_from_slice(&flags.to_ne_bytes());
-            out[8..12].copy_from_slice(&(U64_LEN as u32).to_ne_bytes());
-            out[HDR_LEN..].copy_from_slice(VhostUserU64::new(value).as_slice());
-            (&*stream).write_all(&out)
+            let flags = vhost_wire::VERSION_1 | VhostUserHeaderFlag::REPLY.bits();
+            (&*stream).write_all(&vhost_wire::encode(req, flags, &value.to_ne_bytes()))
         };
         if set {
             let value = u64::from_ne_bytes(msg[HDR_LEN..].try_into().unwrap());
@@ -111,21 +107,16 @@ impl Status {
 mod tests {
     use super::*;
 
-    fn request(code: FrontendReq, flags: u32, payload: &[u8]) -> Vec<u8> {
-        let mut m = Vec::new();
-        m.extend_from_slice(&u32::from(code).to_ne_bytes());
-        m.extend_from_slice(&flags.to_ne_bytes());
-        m.extend_from_slice(&(payload.len() as u32).to_ne_bytes());
-        m.extend_from_slice(payload);
-        m
-    }
+    use crate::vhost_wire::encode as request;
 
     fn reply_value(frontend: &UnixStream) -> (u32, u32, u64) {
-        let mut r = [0u8; HDR_LEN + U64_LEN];
-        (&*frontend).read_exact(&mut r).unwrap();
-        let w = |i: usize| u32::from_ne_bytes(r[4 * i..4 * i + 4].try_into().unwrap());
-        assert_eq!(w(2), 8);
-        (w(0), w(1), u64::from_ne_bytes(r[12..].try_into().unwrap()))
+        let mut hdr = [0u8; HDR_LEN];
+        (&*frontend).read_exact(&mut hdr).unwrap();
+        let (code, flags, size) = vhost_wire::decode_header(&hdr);
+        assert_eq!(size, 8);
+        let mut v = [0u8; U64_LEN];
+        (&*frontend).read_exact(&mut v).unwrap();
+        (code, flags, u64::from_ne_bytes(v))
     }
 
     #[test]
