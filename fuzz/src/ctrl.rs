@@ -22,7 +22,7 @@
 use std::sync::Arc;
 
 use arbitrary::Arbitrary;
-use virtnet::backend::worker::QueueRuntime;
+use virtnet::backend::QueueRuntime;
 use virtnet::backend::{ctrlq, BackendConfig, IoMode, Shared};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use vring::{

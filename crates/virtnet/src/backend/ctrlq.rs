@@ -8,16 +8,17 @@
 //! device slow on purpose, to reproduce seed 004.
 
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed, Ordering::SeqCst};
-use std::sync::{mpsc, Arc};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
 use std::time::Duration;
 
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
-use vmm_sys_util::eventfd::EventFd;
 use vring::{Chain, Error as RingError, GuestMemory, Segment};
 
-use super::worker::{break_queue, install_queue, notify, retire_queue, Command, QueueRuntime};
-use super::Shared;
+use super::device::Shared;
+use super::error::Error;
+use super::queue::{break_queue, install_queue, notify, retire_queue, QueueRuntime};
+use super::thread::{Command, Inbox};
 use crate::net::ctrl::{self, Coalesce, Command as CtrlCommand};
 
 /// Commands are a few bytes; anything longer than this is refused without reading it all.
@@ -26,11 +27,11 @@ const MAX_COMMAND: u64 = 4096;
 const EV_WAKE: u64 = 0;
 const EV_KICK: u64 = 1;
 
-pub(crate) struct CtrlWorker {
+/// The control queue's worker thread.
+#[derive(Debug)]
+pub struct CtrlWorker {
     shared: Arc<Shared>,
-    commands: mpsc::Receiver<Command>,
-    wake: EventFd,
-    pending: Arc<AtomicBool>,
+    inbox: Inbox,
     epoll: Epoll,
     queue: Option<QueueRuntime>,
     chain: Chain,
@@ -65,7 +66,7 @@ fn write_at(
 /// it until the frontend restarts it). The control thread calls this on every wake-up; it is
 /// public so that the control-queue fuzz target can drive the device without the thread.
 pub fn process_commands(shared: &Shared, q: &mut QueueRuntime, chain: &mut Chain) -> usize {
-    if q.queue.broken().is_some() {
+    if !q.usable() {
         return 0;
     }
     let mut done = 0;
@@ -76,7 +77,7 @@ pub fn process_commands(shared: &Shared, q: &mut QueueRuntime, chain: &mut Chain
             Ok(true) => {}
             Ok(false) => return done,
             Err(e) => {
-                break_queue(q, &e);
+                break_queue(q, &e.into());
                 return done;
             }
         }
@@ -93,7 +94,7 @@ pub fn process_commands(shared: &Shared, q: &mut QueueRuntime, chain: &mut Chain
             q.metrics.add(&c.ctrl_errors, 1);
         }
         if let Err(e) = q.queue.add_used(chain.head(), written) {
-            break_queue(q, &e);
+            break_queue(q, &e.into());
             return done;
         }
         notify(q);
@@ -102,57 +103,51 @@ pub fn process_commands(shared: &Shared, q: &mut QueueRuntime, chain: &mut Chain
 }
 
 impl CtrlWorker {
-    pub(crate) fn new(
-        shared: Arc<Shared>,
-        commands: mpsc::Receiver<Command>,
-        wake: EventFd,
-        pending: Arc<AtomicBool>,
-    ) -> std::io::Result<CtrlWorker> {
+    pub fn new(shared: Arc<Shared>, inbox: Inbox) -> std::io::Result<CtrlWorker> {
         Ok(CtrlWorker {
             shared,
-            commands,
-            wake,
-            pending,
+            inbox,
             epoll: Epoll::new()?,
             queue: None,
             chain: Chain::new(),
         })
     }
 
-    pub(crate) fn run(&mut self) {
-        let _ = self.epoll.ctl(
-            ControlOperation::Add,
-            self.wake.as_raw_fd(),
-            EpollEvent::new(EventSet::IN, EV_WAKE),
-        );
+    /// Runs until shut down, or until its epoll set fails (then no control queue can run).
+    pub fn run(&mut self) -> Result<(), Error> {
+        self.epoll
+            .ctl(
+                ControlOperation::Add,
+                self.inbox.wake.as_raw_fd(),
+                EpollEvent::new(EventSet::IN, EV_WAKE),
+            )
+            .map_err(Error::host("building the control worker's epoll set"))?;
         let mut events = vec![EpollEvent::default(); 4];
         loop {
-            if self.pending.swap(false, SeqCst) && !self.handle_commands() {
-                return;
+            if self.inbox.take_pending() && !self.handle_commands() {
+                return Ok(());
             }
             if self.process() > 0 {
                 continue;
             }
-            if let Some(q) = self.queue.as_mut().filter(|q| q.queue.broken().is_none()) {
+            if let Some(q) = self.queue.as_mut().filter(|q| q.usable()) {
                 match q.queue.enable_notification() {
                     Ok(true) => continue,
                     Ok(false) => {}
-                    Err(e) => break_queue(q, &e),
+                    Err(e) => break_queue(q, &e.into()),
                 }
             }
-            let n = self.epoll.wait(-1, &mut events).unwrap_or(0);
+            let n = match self.epoll.wait(-1, &mut events) {
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => 0,
+                Err(e) => return Err(Error::host("waiting in epoll")(e)),
+            };
             for ev in &events[..n] {
                 match ev.data() {
                     EV_WAKE => {
-                        let _ = self.wake.read();
+                        let _ = self.inbox.wake.read();
                     }
-                    EV_KICK => {
-                        if let Some(q) = &self.queue {
-                            if q.kick.read().is_ok() {
-                                q.metrics.add(&q.metrics.counters.kicks, 1);
-                            }
-                        }
-                    }
+                    EV_KICK => self.queue.iter().for_each(QueueRuntime::take_kick),
                     _ => {}
                 }
             }
@@ -164,7 +159,7 @@ impl CtrlWorker {
 
     /// Applies start/stop requests; returns false on shutdown.
     fn handle_commands(&mut self) -> bool {
-        while let Ok(cmd) = self.commands.try_recv() {
+        while let Some(cmd) = self.inbox.next() {
             match cmd {
                 Command::Start(q) => install_queue(&self.epoll, &mut self.queue, *q, EV_KICK),
                 Command::Stop { reply, .. } => {
@@ -252,7 +247,9 @@ impl CtrlWorker {
             }
             CtrlCommand::RxPromisc(on) => shared.promisc.store(on, Relaxed),
             CtrlCommand::RxAllmulti(on) => shared.allmulti.store(on, Relaxed),
-            CtrlCommand::MacAddrSet(mac) => shared.mac.store(super::mac_to_u64(mac), Relaxed),
+            CtrlCommand::MacAddrSet(mac) => {
+                shared.mac.store(super::device::mac_to_u64(mac), Relaxed)
+            }
             CtrlCommand::NotfCoalTx(c) => set_every(1, c),
             CtrlCommand::NotfCoalRx(c) => set_every(0, c),
             CtrlCommand::VqNotfCoalSet { vqn, coal } => {

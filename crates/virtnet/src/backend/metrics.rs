@@ -60,6 +60,9 @@ counters!(
         /// Call eventfd writes, and notifications the driver's event index or flags suppressed.
         calls,
         calls_suppressed,
+        /// Call or err eventfd writes that failed (the frontend's fd is full or not an
+        /// eventfd): the notification is lost, so they are counted.
+        call_errors,
         /// Used-index stores (one per published batch).
         batches_flushed,
         busy_poll_entries,

@@ -24,8 +24,8 @@ use vmm_sys_util::eventfd::EventFd;
 use vring::memory::RegionSource;
 use vring::{DeviceQueue, Features, GuestAddress, GuestMemory, QueueConfig, RingAddresses};
 
-use super::worker::QueueRuntime;
-use super::Device;
+use super::device::Device;
+use super::queue::QueueRuntime;
 use crate::net::{self, NetConfig, NET_S_LINK_UP};
 use crate::sys::tap::TapOffloads;
 

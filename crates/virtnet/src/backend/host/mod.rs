@@ -1,0 +1,92 @@
+//! Host ports: where a pair's guest frames go and its host frames come from.
+//!
+//! A worker drives one port through [`Host`]: `send` for each guest tx frame, `receive` to fill
+//! guest rx, `fd` and `has_frames` to know when the host side has frames. A new kind of port
+//! is one more file here implementing the trait, and one arm in `Device::new` that builds it.
+//!
+//! - [`tap::TapPort`]: a TAP queue (IFF_VNET_HDR), the production port.
+//! - [`null::NullPort`]: drops guest tx, fills guest rx with generated frames (benchmarks).
+//! - [`echo::EchoPort`]: loops guest tx back to guest rx (benchmarks, tests).
+
+pub mod echo;
+pub mod null;
+pub mod tap;
+
+use std::os::fd::RawFd;
+
+use vring::{Chain, Error as RingError, GuestMemory};
+
+use super::device::Shared;
+use super::queue::QueueRuntime;
+use super::rx::RxPath;
+
+/// What became of one guest tx frame.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sent {
+    /// The host took it.
+    Taken,
+    /// The host refused it (a full TAP queue, a frame too long to pass): consumed, counted
+    /// as dropped.
+    Dropped,
+    /// Not now: the frame stays on the tx ring (a loopback port without rx room).
+    Later,
+}
+
+/// Frames one `receive` call put into guest rx.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Received {
+    pub frames: usize,
+    /// Frame bytes, headers excluded.
+    pub bytes: u64,
+}
+
+/// A pair's host side, as its worker drives it. Ring errors returned break the queue the
+/// call was about (tx for `send`, rx for `receive`).
+pub trait Host: Send + 'static {
+    /// Guest tx is looped to guest rx: tx needs a usable rx queue, waits while rx has no room,
+    /// and rx is notified after each tx turn.
+    const LOOPBACK: bool = false;
+    /// Busy polling asks [`Host::has_frames`] every this many spins (more than 1 when asking
+    /// costs a syscall).
+    const POLL_EVERY: u32 = 1;
+
+    /// The rx queue (re)started; the port may prepare for its features.
+    fn rx_started(&mut self, _rx: &QueueRuntime) {}
+
+    /// The rx queue stopped. Returns true if a frame the port held for it was dropped.
+    fn rx_stopped(&mut self) -> bool {
+        false
+    }
+
+    /// Passes one guest tx frame (the readable part of `chain` in `mem`, header first) to the
+    /// host.
+    fn send(
+        &mut self,
+        mem: &GuestMemory,
+        chain: &Chain,
+        rx: &mut RxPath,
+        shared: &Shared,
+    ) -> Result<Sent, RingError>;
+
+    /// Puts host frames into guest rx, at most `room` of them. Zero frames: nothing more
+    /// for now. The caller has checked that rx is usable.
+    fn receive(
+        &mut self,
+        rx: &mut RxPath,
+        shared: &Shared,
+        room: usize,
+    ) -> Result<Received, RingError>;
+
+    /// Whether host frames are waiting for guest rx now.
+    fn has_frames(&self) -> bool;
+
+    /// Whether the port holds a frame that did not fit guest rx (the fd has nothing to add).
+    fn holds_frame(&self) -> bool {
+        false
+    }
+
+    /// The fd that becomes readable when host frames arrive, if the port has one.
+    fn fd(&self) -> Option<RawFd> {
+        None
+    }
+}

@@ -1,0 +1,172 @@
+//! Serving frontends: one connection at a time, each request through rust-vmm's message
+//! layer into our protocol state ([`vhost::Connection`]), except the status requests that
+//! layer does not dispatch ([`status`]).
+
+use std::io;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+
+use ::vhost::vhost_user::message::VhostUserProtocolFeatures;
+use ::vhost::vhost_user::{BackendReqHandler, Error as VuError};
+
+use super::device::Device;
+use super::{status, vhost};
+
+/// The vhost-user message layer of one connection, dispatching to its [`vhost::Connection`].
+pub type RequestHandler = BackendReqHandler<Mutex<vhost::Connection>>;
+
+/// Serves one frontend connection until it goes away or breaks the protocol, then stops its
+/// queues. Never panics on frontend input.
+pub fn serve_connection(device: &Arc<Device>, stream: UnixStream) {
+    match Session::new(device, stream) {
+        Ok(mut s) => while s.serve_one() {},
+        Err(e) => tracing::warn!(error = %e, "cannot serve the frontend"),
+    }
+}
+
+/// One frontend connection being served: rust-vmm's request handler over our protocol state,
+/// plus the status requests the handler does not dispatch ([`status`]).
+pub struct Session {
+    handler: Option<RequestHandler>,
+    conn: Arc<Mutex<vhost::Connection>>,
+    /// The same socket, to peek at each request and answer the status requests.
+    stream: UnixStream,
+    status: status::Status,
+    device: Arc<Device>,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("open", &self.handler.is_some())
+            .field("status", &self.status)
+            .finish()
+    }
+}
+
+impl Session {
+    /// A fresh connection: the device is reset to its defaults.
+    pub fn new(device: &Arc<Device>, stream: UnixStream) -> io::Result<Session> {
+        device.reset();
+        let conn = Arc::new(Mutex::new(vhost::Connection::new(device.clone())));
+        Ok(Session {
+            stream: stream.try_clone()?,
+            handler: Some(RequestHandler::from_stream(stream, conn.clone())),
+            conn,
+            status: status::Status::default(),
+            device: device.clone(),
+        })
+    }
+
+    /// Handles one request; returns false once the connection has closed (its queues are
+    /// stopped then). Public so that the vhost-user fuzz target steps through the same loop,
+    /// message by message.
+    pub fn serve_one(&mut self) -> bool {
+        let Some(handler) = self.handler.as_mut() else {
+            return false;
+        };
+        let (negotiated, reply_ack) = match self.conn.lock() {
+            Ok(c) => {
+                let p = c.acked_protocol();
+                let status = p.contains(VhostUserProtocolFeatures::STATUS);
+                (status, p.contains(VhostUserProtocolFeatures::REPLY_ACK))
+            }
+            Err(_) => (false, false),
+        };
+        // Read when GET_STATUS arrives, not before waiting for it.
+        let conn = &self.conn;
+        let needs_reset = || conn.lock().map(|c| c.needs_reset()).unwrap_or(true);
+        let open = match self
+            .status
+            .handle_next(&self.stream, negotiated, reply_ack, needs_reset)
+        {
+            Ok(status::Handled::Yes) => {
+                let shared = self.device.shared();
+                shared.status.store(self.status.status, Relaxed);
+                shared.status_sets.store(self.status.sets, Relaxed);
+                true
+            }
+            Ok(status::Handled::No) => serve_request(handler, &self.conn),
+            Ok(status::Handled::Close(why)) => {
+                tracing::warn!(why, "closing the connection");
+                false
+            }
+            Err(e) => {
+                tracing::info!(error = %e, "frontend disconnected");
+                false
+            }
+        };
+        if !open {
+            self.close();
+        }
+        open
+    }
+
+    /// Closes the connection and stops its queues (what happens when the frontend goes away).
+    pub fn close(&mut self) {
+        if self.handler.take().is_some() {
+            // Our clone of the socket would keep it open: the frontend must see the close.
+            let _ = self.stream.shutdown(std::net::Shutdown::Both);
+            match self.conn.lock() {
+                Ok(mut c) => c.stop_all(),
+                Err(poisoned) => poisoned.into_inner().stop_all(),
+            };
+        }
+    }
+}
+
+/// Handles one request of the frontend through rust-vmm's handler; returns false when the
+/// connection must close: the frontend went away, broke the message layer, or waits for a
+/// reply we could not send.
+fn serve_request(handler: &mut RequestHandler, conn: &Mutex<vhost::Connection>) -> bool {
+    match handler.handle_request() {
+        Ok(()) => true,
+        Err(VuError::Disconnected) | Err(VuError::PartialMessage) => {
+            tracing::info!("frontend disconnected");
+            false
+        }
+        Err(VuError::InactiveFeature(_)) => {
+            // SET_VRING_ENABLE before SET_FEATURES (QEMU 7.2): see Connection.
+            tracing::debug!("ring enabled before features were set; enabling at SET_FEATURES");
+            if let Ok(mut c) = conn.lock() {
+                c.enable_before_features = true;
+            }
+            true
+        }
+        Err(e) => {
+            let must_close = conn.lock().map(|c| c.must_disconnect).unwrap_or(true);
+            let socket_level = matches!(
+                e,
+                VuError::SocketBroken(_)
+                    | VuError::SocketError(_)
+                    | VuError::SocketRetry(_)
+                    | VuError::InvalidMessage
+                    | VuError::OversizedMsg
+                    | VuError::IncorrectFds
+            );
+            tracing::warn!(error = %e, "vhost-user request failed");
+            if must_close || socket_level {
+                tracing::warn!("closing the connection");
+            }
+            !(must_close || socket_level)
+        }
+    }
+}
+
+/// Accepts frontends one after another until `stop` is set.
+pub fn serve(device: Arc<Device>, listener: UnixListener, stop: Arc<AtomicBool>) -> io::Result<()> {
+    for stream in listener.incoming() {
+        if stop.load(Relaxed) {
+            break;
+        }
+        match stream {
+            Ok(s) => {
+                tracing::info!("frontend connected");
+                serve_connection(&device, s);
+            }
+            Err(e) => tracing::warn!(error = %e, "accept failed"),
+        }
+    }
+    Ok(())
+}

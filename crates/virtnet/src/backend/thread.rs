@@ -1,0 +1,117 @@
+//! The thread of a worker and its command channel: how the protocol thread starts and stops
+//! queues on a worker, and shuts it down.
+//!
+//! A worker sleeps in epoll; a command is a message on a channel plus a write to the worker's
+//! wake eventfd, and a flag that the worker's busy-poll loop checks without a syscall.
+
+use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use std::sync::{mpsc, Arc};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use vmm_sys_util::eventfd::EventFd;
+
+use super::queue::QueueRuntime;
+
+/// Requests from the protocol thread to a worker.
+#[derive(Debug)]
+pub enum Command {
+    Start(Box<QueueRuntime>),
+    /// Stop queue `index`, flushing its batch; the reply is its next avail index (None if it
+    /// was not running).
+    Stop {
+        index: u16,
+        reply: mpsc::Sender<Option<u16>>,
+    },
+    Shutdown,
+}
+
+/// The worker's end of the channel.
+#[derive(Debug)]
+pub struct Inbox {
+    commands: mpsc::Receiver<Command>,
+    /// Written with every command: the worker watches it in epoll.
+    pub wake: EventFd,
+    pending: Arc<AtomicBool>,
+}
+
+impl Inbox {
+    /// Whether commands are waiting, without a syscall (for busy polling).
+    pub fn pending(&self) -> bool {
+        self.pending.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Takes the pending flag: true if commands may be waiting.
+    pub fn take_pending(&self) -> bool {
+        self.pending.swap(false, SeqCst)
+    }
+
+    /// The next waiting command, if any.
+    pub fn next(&self) -> Option<Command> {
+        self.commands.try_recv().ok()
+    }
+}
+
+/// The protocol thread's end of a worker.
+#[derive(Debug)]
+pub struct WorkerHandle {
+    tx: mpsc::Sender<Command>,
+    wake: EventFd,
+    pending: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl WorkerHandle {
+    /// Starts thread `name` running `body` on the worker's end of a new channel, woken
+    /// through `wake`.
+    pub fn spawn<F>(name: String, wake: EventFd, body: F) -> std::io::Result<WorkerHandle>
+    where
+        F: FnOnce(Inbox) + Send + 'static,
+    {
+        let (tx, rx) = mpsc::channel();
+        let pending = Arc::new(AtomicBool::new(false));
+        let inbox = Inbox {
+            commands: rx,
+            wake: wake.try_clone()?,
+            pending: pending.clone(),
+        };
+        let thread = std::thread::Builder::new()
+            .name(name)
+            .spawn(move || body(inbox))?;
+        Ok(WorkerHandle {
+            tx,
+            wake,
+            pending,
+            thread: Some(thread),
+        })
+    }
+
+    fn send(&self, cmd: Command) {
+        // The worker only goes away at shutdown, after which nobody sends.
+        let _ = self.tx.send(cmd);
+        self.pending.store(true, SeqCst);
+        // A non-blocking eventfd fails only when its counter would overflow, and then it is
+        // readable already: the worker wakes either way.
+        let _ = self.wake.write(1);
+    }
+
+    pub fn start(&self, q: QueueRuntime) {
+        self.send(Command::Start(Box::new(q)));
+    }
+
+    /// Stops queue `index` and returns its next avail index, waiting at most 5 s.
+    pub fn stop(&self, index: u16) -> Option<u16> {
+        let (reply, answer) = mpsc::channel();
+        self.send(Command::Stop { index, reply });
+        answer.recv_timeout(Duration::from_secs(5)).ok().flatten()
+    }
+}
+
+impl Drop for WorkerHandle {
+    fn drop(&mut self) {
+        self.send(Command::Shutdown);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
