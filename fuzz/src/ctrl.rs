@@ -22,7 +22,7 @@
 use std::sync::Arc;
 
 use arbitrary::Arbitrary;
-use virtnet::backend::QueueRuntime;
+use virtnet::backend::{QueueId, QueueRuntime};
 use virtnet::backend::{ctrlq, BackendConfig, IoMode, Shared};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use vring::{
@@ -346,7 +346,6 @@ pub fn run(input: &CtrlInput) -> Outcome {
     };
     let mut model = Model::new(&config);
     let shared = Shared::new(config, Vec::new()).expect("device state");
-    let ctrl_queue = shared.ctrl_queue();
     let size = 1u16 << (s.size_log2 % 4);
     let mut features = Features::EMPTY;
     if s.event_idx {
@@ -368,12 +367,12 @@ pub fn run(input: &CtrlInput) -> Outcome {
     let kick = EventFd::new(EFD_NONBLOCK).unwrap();
     let err = EventFd::new(EFD_NONBLOCK).unwrap();
     let mut rt = QueueRuntime::new(
-        ctrl_queue as u16,
+        QueueId::Ctrl,
         device,
         kick,
         Some(EventFd::new(EFD_NONBLOCK).unwrap()),
         Some(err.try_clone().unwrap()),
-        shared.metrics[ctrl_queue].clone(),
+        shared.queue_metrics(QueueId::Ctrl).clone(),
     );
     let mut chain = Chain::new();
 
@@ -587,10 +586,9 @@ fn check_bounds(
         (1..=pairs).contains(&active),
         "{active} active pairs of {pairs}"
     );
-    let ctrl = shared.ctrl_queue();
     let broken = rt.queue.broken().is_some();
     assert_eq!(
-        shared.metrics[ctrl].is_broken(),
+        shared.queue_metrics(QueueId::Ctrl).is_broken(),
         broken,
         "metrics and queue disagree on broken"
     );
@@ -606,7 +604,8 @@ fn check_bounds(
         !honest || !broken,
         "an honest driver broke the control queue"
     );
-    for (i, m) in shared.metrics[..ctrl].iter().enumerate() {
-        assert!(!m.is_broken(), "data queue {i} broken by the control queue");
+    for id in QueueId::all(pairs).filter(|id| *id != QueueId::Ctrl) {
+        let m = shared.queue_metrics(id);
+        assert!(!m.is_broken(), "data queue {id} broken by the control queue");
     }
 }

@@ -3,40 +3,8 @@
 //! it came from; the same bytes are in `fuzz/corpus/<target>/regression-<name>`, which the fuzz
 //! crate's `cargo test` replays through the harness.
 
-use std::sync::Arc;
-
-use vring::{
-    Buf, DeviceQueue, DriverQueue, Error, Features, GuestAddress, GuestMemory, IndirectArea,
-    QueueConfig, RingAddresses,
-};
-
-const RINGS: GuestAddress = GuestAddress(0x1000);
-const INDIRECT: GuestAddress = GuestAddress(0x1_0000);
-const DATA: u64 = 0x3_0000;
-
-/// A driver and a device on one queue in one memory.
-fn pair(
-    size: u16,
-    features: Features,
-    max_chain: u16,
-) -> (DriverQueue<u32>, DeviceQueue, Arc<GuestMemory>) {
-    let mem = Arc::new(GuestMemory::anonymous(&[(GuestAddress(0), 0x4_0000)]).unwrap());
-    let rings = RingAddresses::contiguous(RINGS, size);
-    let config = QueueConfig::new(size as u32, rings, features).unwrap();
-    let area = IndirectArea {
-        addr: INDIRECT,
-        max_chain,
-    };
-    let driver = DriverQueue::activate(&config, mem.clone(), Some(area)).unwrap();
-    let device = DeviceQueue::activate(&config, mem.clone(), 0).unwrap();
-    (driver, device, mem)
-}
-
-fn bufs(n: u64, len: u32) -> Vec<Buf> {
-    (0..n)
-        .map(|i| Buf::new(GuestAddress(DATA + i * 4096), len))
-        .collect()
-}
+use testkit::{pair, Pair};
+use vring::{Error, Features};
 
 /// driver_queue: with INDIRECT_DESC and an indirect area of 16 entries per head, a queue of 8
 /// put a chain of 16 buffers (8 out, 8 in) into one indirect table. Spec 2.7.5.3.1 forbids a
@@ -62,10 +30,14 @@ fn bufs(n: u64, len: u32) -> Vec<Buf> {
 /// ```
 #[test]
 fn driver_never_builds_an_indirect_chain_longer_than_the_queue() {
-    let (mut driver, mut device, _mem) = pair(8, Features::RING_INDIRECT_DESC, 16);
+    let Pair {
+        mut driver,
+        mut device,
+        ..
+    } = pair(8, Features::RING_INDIRECT_DESC, 16);
     assert!(!driver.uses_indirect(16));
     assert_eq!(
-        driver.add(&bufs(8, 100), &bufs(8, 1000), 0),
+        driver.add(&Pair::bufs(8, 100), &Pair::bufs(8, 1000), 0),
         Err(Error::QueueFull {
             needed: 16,
             free: 8
@@ -76,7 +48,9 @@ fn driver_never_builds_an_indirect_chain_longer_than_the_queue() {
 
     // A chain as long as the queue still goes indirect, and the device takes it.
     assert!(driver.uses_indirect(8));
-    driver.add(&bufs(4, 100), &bufs(4, 1000), 1).unwrap();
+    driver
+        .add(&Pair::bufs(4, 100), &Pair::bufs(4, 1000), 1)
+        .unwrap();
     assert_eq!(driver.num_free(), 7);
     let chain = device.pop().unwrap().unwrap();
     assert_eq!((chain.readable().len(), chain.writable().len()), (4, 4));

@@ -17,7 +17,7 @@ use vring::{Chain, Error as RingError, GuestMemory, Segment};
 
 use super::device::Shared;
 use super::error::Error;
-use super::queue::{break_queue, install_queue, notify, retire_queue, QueueRuntime};
+use super::queue::{break_queue, install_queue, notify, retire_queue, QueueId, QueueRuntime};
 use super::thread::{Command, Inbox};
 use crate::net::ctrl::{self, Coalesce, Command as CtrlCommand};
 
@@ -230,13 +230,13 @@ impl CtrlWorker {
     /// Applies a command to the device; returns the reply bytes of a GET.
     fn apply(shared: &Shared, cmd: CtrlCommand) -> Result<Option<[u8; 8]>, String> {
         let pairs = shared.config.pairs;
-        let data_queues = 2 * pairs as usize;
-        let set_every = |first: usize, coal: Coalesce| {
-            shared.metrics[..data_queues]
-                .iter()
-                .skip(first)
-                .step_by(2)
-                .for_each(|m| m.set_coalesce(coal));
+        let set_every = |of_pair: fn(u16) -> QueueId, coal: Coalesce| {
+            (0..pairs).for_each(|p| shared.queue_metrics(of_pair(p)).set_coalesce(coal));
+        };
+        // VQ_NOTF_COAL names a data virtqueue by its index.
+        let data_queue = |vqn: u16| match QueueId::from_index(vqn as usize, pairs) {
+            Some(QueueId::Ctrl) | None => Err(format!("no data queue {vqn}")),
+            Some(q) => Ok(shared.queue_metrics(q)),
         };
         match cmd {
             CtrlCommand::VqPairsSet(n) => {
@@ -250,19 +250,12 @@ impl CtrlWorker {
             CtrlCommand::MacAddrSet(mac) => {
                 shared.mac.store(super::device::mac_to_u64(mac), Relaxed)
             }
-            CtrlCommand::NotfCoalTx(c) => set_every(1, c),
-            CtrlCommand::NotfCoalRx(c) => set_every(0, c),
-            CtrlCommand::VqNotfCoalSet { vqn, coal } => {
-                let m = shared.metrics[..data_queues]
-                    .get(vqn as usize)
-                    .ok_or(format!("no data queue {vqn}"))?;
-                m.set_coalesce(coal);
-            }
+            CtrlCommand::NotfCoalTx(c) => set_every(QueueId::Tx, c),
+            CtrlCommand::NotfCoalRx(c) => set_every(QueueId::Rx, c),
+            CtrlCommand::VqNotfCoalSet { vqn, coal } => data_queue(vqn)?.set_coalesce(coal),
             CtrlCommand::VqNotfCoalGet { vqn } => {
-                let m = shared.metrics[..data_queues]
-                    .get(vqn as usize)
-                    .ok_or(format!("no data queue {vqn}"))?;
-                return Ok(Some(CtrlCommand::encode_reply(m.coalesce())));
+                let coal = data_queue(vqn)?.coalesce();
+                return Ok(Some(CtrlCommand::encode_reply(coal)));
             }
         }
         Ok(None)

@@ -12,6 +12,7 @@ use vring::Features;
 use super::ctrlq::CtrlWorker;
 use super::host::{echo::EchoPort, null::NullPort, tap::TapPort, Host};
 use super::metrics::{QueueMetrics, QueueReport};
+use super::queue::QueueId;
 use super::thread::WorkerHandle;
 use super::worker::Worker;
 use crate::sys::tap::{TapOffloads, TapQueue};
@@ -145,8 +146,9 @@ impl Shared {
     /// drive [`ctrlq::process_commands`] without the worker threads.
     pub fn new(config: BackendConfig, taps: Vec<TapQueue>) -> io::Result<Shared> {
         check_pairs(config.pairs)?;
-        let n = 2 * config.pairs as usize + 1;
-        let metrics: Vec<_> = (0..n).map(|_| Arc::new(QueueMetrics::default())).collect();
+        let metrics: Vec<_> = QueueId::all(config.pairs)
+            .map(|_| Arc::new(QueueMetrics::default()))
+            .collect();
         for m in &metrics {
             m.busy_poll_us.store(config.busy_poll_us, Relaxed);
         }
@@ -195,8 +197,9 @@ impl Shared {
         Ok(())
     }
 
-    pub fn ctrl_queue(&self) -> usize {
-        2 * self.config.pairs as usize
+    /// The metrics of queue `id`.
+    pub fn queue_metrics(&self, id: QueueId) -> &Arc<QueueMetrics> {
+        &self.metrics[id.index(self.config.pairs)]
     }
 }
 
@@ -275,7 +278,7 @@ impl Device {
     }
     /// Virtqueues: two per pair and the control queue.
     pub fn num_queues(&self) -> usize {
-        2 * self.shared.config.pairs as usize + 1
+        self.shared.metrics.len()
     }
     pub fn pairs(&self) -> u16 {
         self.shared.config.pairs
@@ -292,9 +295,12 @@ impl Device {
     pub fn metrics(&self, queue: usize) -> Arc<QueueMetrics> {
         self.shared.metrics[queue].clone()
     }
-    /// The worker serving virtqueue `queue`.
-    pub fn worker(&self, queue: usize) -> &WorkerHandle {
-        &self.workers[(queue / 2).min(self.workers.len() - 1)]
+    /// The worker serving queue `id`: its pair's, or the control queue's (the last).
+    pub fn worker(&self, id: QueueId) -> &WorkerHandle {
+        match id.pair() {
+            Some(p) => &self.workers[p as usize],
+            None => &self.workers[self.workers.len() - 1],
+        }
     }
 
     /// Sets the busy-poll timeout of one queue, or of all.
@@ -336,20 +342,11 @@ impl Device {
     }
 
     pub fn reports(&self) -> Vec<QueueReport> {
-        let ctrl = self.shared.ctrl_queue();
-        self.shared
-            .metrics
-            .iter()
-            .enumerate()
-            .map(|(i, m)| {
-                let kind = if i == ctrl {
-                    "ctrl"
-                } else if i % 2 == 0 {
-                    "rx"
-                } else {
-                    "tx"
-                };
-                QueueReport::new(i as u16, kind, m)
+        let pairs = self.shared.config.pairs;
+        QueueId::all(pairs)
+            .map(|id| {
+                let m = self.shared.queue_metrics(id);
+                QueueReport::new(id.index(pairs) as u16, id.kind(), m)
             })
             .collect()
     }

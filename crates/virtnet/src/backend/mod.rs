@@ -24,6 +24,8 @@ pub mod queue;
 pub mod rx;
 pub mod session;
 pub mod status;
+#[cfg(test)]
+mod testing;
 pub mod thread;
 pub mod vhost;
 pub mod worker;
@@ -32,5 +34,5 @@ pub use device::{
     device_features, BackendConfig, Device, DeviceReport, IoMode, Shared, PROTOCOL_FEATURES,
 };
 pub use error::Error;
-pub use queue::QueueRuntime;
+pub use queue::{QueueId, QueueRuntime};
 pub use session::{serve, serve_connection, RequestHandler, Session};

@@ -20,7 +20,7 @@ use super::metrics::QueueMetrics;
 /// A running queue handed to a worker, with its notification fds and metrics.
 #[derive(Debug)]
 pub struct QueueRuntime {
-    pub index: u16,
+    pub id: QueueId,
     pub queue: DeviceQueue,
     pub kick: EventFd,
     pub call: Option<EventFd>,
@@ -36,7 +36,7 @@ pub struct QueueRuntime {
 
 impl QueueRuntime {
     pub fn new(
-        index: u16,
+        id: QueueId,
         queue: DeviceQueue,
         kick: EventFd,
         call: Option<EventFd>,
@@ -46,7 +46,7 @@ impl QueueRuntime {
         let used_at_last_call = queue.stats().used;
         let stores_reported = queue.stats().used_idx_stores;
         QueueRuntime {
-            index,
+            id,
             queue,
             kick,
             call,
@@ -137,7 +137,7 @@ pub fn retire_queue(epoll: &Epoll, mut q: QueueRuntime) -> u16 {
 /// here, and the worker stops serving the queue from its metrics' broken flag.
 pub fn break_queue(q: &QueueRuntime, e: &Error) {
     if q.metrics.set_broken(e.to_string()) {
-        tracing::error!(queue = q.index, error = %e, "queue broken; it stays stopped until reset");
+        tracing::error!(queue = %q.id, error = %e, "queue broken; it stays stopped until reset");
         if let Some(err) = &q.err {
             if err.write(1).is_err() {
                 q.metrics.add(&q.metrics.counters.call_errors, 1);
@@ -176,5 +176,169 @@ pub fn notify(q: &mut QueueRuntime) {
         q.fire();
     } else {
         q.fire_if_due(Instant::now());
+    }
+}
+
+/// A device queue by its role (VIRTIO 1.2 5.1.2): receiveq and transmitq of each pair, then
+/// the control queue. Decoded once from a virtqueue index, in the vhost-user layer; the
+/// rest of the backend never does index arithmetic.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum QueueId {
+    Rx(u16),
+    Tx(u16),
+    Ctrl,
+}
+
+impl QueueId {
+    /// The role of device queue `index` on a device of `pairs` pairs: `2p` is rx of pair p,
+    /// `2p + 1` its tx, `2 * pairs` the control queue. None past that.
+    pub fn from_index(index: usize, pairs: u16) -> Option<QueueId> {
+        let data = 2 * pairs as usize;
+        let pair = (index / 2) as u16;
+        match index {
+            i if i < data && i % 2 == 0 => Some(QueueId::Rx(pair)),
+            i if i < data => Some(QueueId::Tx(pair)),
+            i if i == data => Some(QueueId::Ctrl),
+            _ => None,
+        }
+    }
+
+    /// The device queue index, the inverse of [`QueueId::from_index`].
+    pub fn index(self, pairs: u16) -> usize {
+        match self {
+            QueueId::Rx(p) => 2 * p as usize,
+            QueueId::Tx(p) => 2 * p as usize + 1,
+            QueueId::Ctrl => 2 * pairs as usize,
+        }
+    }
+
+    /// Every queue of a device with `pairs` pairs, in index order.
+    pub fn all(pairs: u16) -> impl Iterator<Item = QueueId> {
+        (0..=2 * pairs as usize).filter_map(move |i| QueueId::from_index(i, pairs))
+    }
+
+    /// The pair of a data queue.
+    pub fn pair(self) -> Option<u16> {
+        match self {
+            QueueId::Rx(p) | QueueId::Tx(p) => Some(p),
+            QueueId::Ctrl => None,
+        }
+    }
+
+    /// "rx", "tx" or "ctrl", as reports name them.
+    pub fn kind(self) -> &'static str {
+        match self {
+            QueueId::Rx(_) => "rx",
+            QueueId::Tx(_) => "tx",
+            QueueId::Ctrl => "ctrl",
+        }
+    }
+}
+
+impl std::fmt::Display for QueueId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            QueueId::Rx(p) => write!(f, "rx{p}"),
+            QueueId::Tx(p) => write!(f, "tx{p}"),
+            QueueId::Ctrl => f.write_str("ctrl"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering::Relaxed;
+
+    use vring::Features;
+
+    use super::*;
+    use crate::backend::testing::{post_rx, setup};
+    use crate::net::ctrl::Coalesce;
+
+    /// The device uses one posted buffer and notifies; returns whether a call went out.
+    fn use_one(q: &mut QueueRuntime) -> bool {
+        let chain = q.queue.pop().unwrap().expect("a posted buffer");
+        q.queue.add_used(chain.head(), 10).unwrap();
+        let before = q.metrics.counters.calls.load(Relaxed);
+        notify(q);
+        q.metrics.counters.calls.load(Relaxed) > before
+    }
+
+    #[test]
+    fn a_call_goes_out_when_the_driver_asks_and_coalescing_holds_it_to_max_packets() {
+        let mut s = setup(QueueId::Rx(0), Features::VERSION_1);
+        post_rx(&mut s.driver, 8, 64);
+        let q = &mut s.runtime;
+        assert!(
+            use_one(q),
+            "no coalescing: a call per notify the driver asked for"
+        );
+        q.metrics.set_coalesce(Coalesce {
+            max_packets: 3,
+            max_usecs: 1_000_000,
+        });
+        assert!(!use_one(q) && !use_one(q), "held back below max_packets");
+        assert!(q.call_deadline().is_some());
+        assert!(use_one(q), "sent at the third completion");
+        assert_eq!(q.metrics.counters.calls_coalesced.load(Relaxed), 1);
+        assert!(q.call_deadline().is_none());
+    }
+
+    #[test]
+    fn a_held_call_is_sent_at_its_deadline_and_when_the_queue_is_retired() {
+        let mut s = setup(QueueId::Tx(0), Features::VERSION_1);
+        post_rx(&mut s.driver, 4, 64);
+        let q = &mut s.runtime;
+        q.metrics.set_coalesce(Coalesce {
+            max_packets: 0,
+            max_usecs: 50,
+        });
+        assert!(!use_one(q));
+        let due = q.call_deadline().expect("held");
+        q.fire_if_due(due - Duration::from_micros(1));
+        assert!(q.call_deadline().is_some(), "not yet due");
+        q.fire_if_due(due);
+        assert!(q.call_deadline().is_none());
+        assert_eq!(q.metrics.counters.calls.load(Relaxed), 1);
+        // Retiring sends what is still held, and reports where the device stopped.
+        assert!(!use_one(q));
+        let metrics = q.metrics.clone();
+        let next = retire_queue(&Epoll::new().unwrap(), s.runtime);
+        assert_eq!(metrics.counters.calls.load(Relaxed), 2);
+        assert_eq!(next, 2);
+    }
+
+    #[test]
+    fn breaking_a_queue_reports_once_and_it_is_no_longer_usable() {
+        let s = setup(QueueId::Tx(1), Features::VERSION_1);
+        let q = &s.runtime;
+        assert!(q.usable());
+        let e = Error::host("a test")(std::io::Error::from_raw_os_error(libc::EBADF));
+        break_queue(q, &e);
+        break_queue(q, &e);
+        assert!(!q.usable());
+        assert_eq!(s.err.read().unwrap(), 1, "one err eventfd signal");
+        let reason = q.metrics.broken_reason().unwrap();
+        assert!(reason.starts_with("host: a test:"), "{reason}");
+    }
+
+    #[test]
+    fn queue_ids_follow_the_spec_numbering_and_round_trip() {
+        // VIRTIO 1.2 5.1.2: receiveq1 transmitq1 ... receiveqN transmitqN controlq.
+        let ids: Vec<_> = QueueId::all(2).collect();
+        use QueueId::*;
+        assert_eq!(ids, [Rx(0), Tx(0), Rx(1), Tx(1), Ctrl]);
+        for (i, id) in ids.iter().enumerate() {
+            assert_eq!(QueueId::from_index(i, 2), Some(*id));
+            assert_eq!(id.index(2), i);
+        }
+        assert_eq!(QueueId::from_index(5, 2), None);
+        assert_eq!(QueueId::from_index(2, 1), Some(Ctrl));
+        assert_eq!((Tx(3).pair(), Ctrl.pair()), (Some(3), None));
+        assert_eq!(
+            [Rx(0).kind(), Tx(0).kind(), Ctrl.kind()],
+            ["rx", "tx", "ctrl"]
+        );
+        assert_eq!(Tx(1).to_string(), "tx1");
     }
 }

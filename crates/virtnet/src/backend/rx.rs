@@ -33,6 +33,14 @@ pub struct RxPath {
 }
 
 impl RxPath {
+    /// An rx path on a running queue.
+    pub fn with_queue(q: QueueRuntime) -> RxPath {
+        RxPath {
+            queue: Some(q),
+            ..RxPath::default()
+        }
+    }
+
     /// The rx queue, if it runs and is not broken.
     pub fn usable(&mut self) -> Option<&mut QueueRuntime> {
         self.queue.as_mut().filter(|q| q.usable())
@@ -252,4 +260,132 @@ fn write_chain(mem: &GuestMemory, chain: &Chain, mut data: &[u8]) -> Result<usiz
         n += k;
     }
     Ok(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering::Relaxed;
+
+    use testkit::Pair;
+    use vring::Features;
+
+    use super::*;
+    use crate::backend::queue::QueueId;
+    use crate::backend::testing::{post_rx, setup, shared, used};
+
+    const MRG: Features = Features::VERSION_1.union(Features::NET_MRG_RXBUF);
+
+    fn frame(len: usize) -> Vec<u8> {
+        (0..len).map(|i| i as u8).collect()
+    }
+
+    fn rx_path(features: Features) -> (RxPath, vring::DriverQueue<u32>, Arc<GuestMemory>) {
+        let s = setup(QueueId::Rx(0), features);
+        (RxPath::with_queue(s.runtime), s.driver, s.mem)
+    }
+
+    use std::sync::Arc;
+
+    #[test]
+    fn a_mergeable_frame_spans_buffers_and_says_how_many() {
+        let (mut rx, mut driver, mem) = rx_path(MRG);
+        post_rx(&mut driver, 4, 1024);
+        let mut f = frame(3000);
+        assert!(rx.deliver(&shared(), &mut f).unwrap());
+        rx.queue.as_mut().unwrap().queue.flush();
+        assert_eq!(used(&mut driver), [(0, 1024), (1, 1024), (2, 952)]);
+        // num_buffers, in the first buffer's header.
+        let mut hdr = [0u8; net::HDR_LEN];
+        mem.read(Pair::buf(0, 0).addr, &mut hdr).unwrap();
+        assert_eq!(u16::from_le_bytes([hdr[10], hdr[11]]), 3);
+        let mut tail = [0u8; 952];
+        mem.read(Pair::buf(2, 0).addr, &mut tail).unwrap();
+        assert_eq!(&tail[..], &f[2048..]);
+    }
+
+    #[test]
+    fn too_few_buffers_consume_nothing() {
+        let (mut rx, mut driver, _mem) = rx_path(MRG);
+        post_rx(&mut driver, 2, 1024);
+        assert!(!rx.deliver(&shared(), &mut frame(3000)).unwrap());
+        // The two buffers are still there for a frame that fits.
+        assert!(rx.deliver(&shared(), &mut frame(2000)).unwrap());
+        rx.queue.as_mut().unwrap().queue.flush();
+        assert_eq!(used(&mut driver), [(0, 1024), (1, 976)]);
+    }
+
+    #[test]
+    fn without_mergeable_buffers_a_long_frame_is_dropped_and_the_buffer_kept() {
+        let (mut rx, mut driver, _mem) = rx_path(Features::VERSION_1);
+        post_rx(&mut driver, 1, 1024);
+        assert!(rx.deliver(&shared(), &mut frame(2000)).unwrap());
+        let q = rx.queue.as_mut().unwrap();
+        assert_eq!(q.metrics.counters.dropped.load(Relaxed), 1);
+        q.queue.flush();
+        assert!(used(&mut driver).is_empty());
+        assert!(rx.deliver(&shared(), &mut frame(100)).unwrap());
+        rx.queue.as_mut().unwrap().queue.flush();
+        assert_eq!(used(&mut driver), [(0, 100)]);
+    }
+
+    #[test]
+    fn the_receive_filter_drops_frames_for_other_macs() {
+        let (mut rx, mut driver, _mem) = rx_path(MRG);
+        post_rx(&mut driver, 1, 1024);
+        let s = shared();
+        s.promisc.store(false, Relaxed);
+        let mut f = frame(100);
+        f[net::HDR_LEN..net::HDR_LEN + 6].copy_from_slice(&[0x02, 1, 2, 3, 4, 5]);
+        assert!(rx.deliver(&s, &mut f).unwrap());
+        let q = rx.queue.as_ref().unwrap();
+        assert_eq!(q.metrics.counters.filtered.load(Relaxed), 1);
+        // A burst refuses the frame too, and leaves it to `deliver`.
+        assert_eq!(rx.deliver_burst(&s, &mut f, 8).unwrap(), 0);
+    }
+
+    #[test]
+    fn a_burst_fills_one_buffer_per_frame_up_to_its_limit() {
+        let (mut rx, mut driver, _mem) = rx_path(MRG);
+        post_rx(&mut driver, 6, 128);
+        let mut f = frame(100);
+        assert_eq!(rx.deliver_burst(&shared(), &mut f, 4).unwrap(), 4);
+        assert_eq!(rx.deliver_burst(&shared(), &mut f, 4).unwrap(), 2);
+        assert_eq!(rx.deliver_burst(&shared(), &mut f, 4).unwrap(), 0);
+        rx.queue.as_mut().unwrap().queue.flush();
+        let got = used(&mut driver);
+        assert_eq!(got.len(), 6);
+        assert!(got.iter().all(|&(_, len)| len == 100));
+        // A frame longer than the first buffer is left to `deliver`.
+        post_rx(&mut driver, 1, 64);
+        assert_eq!(rx.deliver_burst(&shared(), &mut f, 4).unwrap(), 0);
+    }
+
+    #[test]
+    fn blocked_rx_waits_until_the_guest_posts_more() {
+        let (mut rx, mut driver, _mem) = rx_path(MRG);
+        assert!(!rx.has_buffers());
+        rx.block();
+        assert!(rx.still_blocked());
+        post_rx(&mut driver, 1, 1024);
+        assert!(!rx.still_blocked());
+        assert!(rx.has_buffers());
+        // Once moved on, it stays unblocked until the next block.
+        assert!(!rx.still_blocked());
+    }
+
+    #[test]
+    fn a_ring_error_breaks_the_rx_queue_and_signals_the_frontend() {
+        let s = setup(QueueId::Rx(0), MRG);
+        let mut rx = RxPath::with_queue(s.runtime);
+        // An avail index 100 ahead of a queue of 16: the guest broke the ring.
+        let avail = testkit::RING_BASE.0 + 16 * 16;
+        s.mem
+            .write(vring::GuestAddress(avail + 2), &100u16.to_le_bytes())
+            .unwrap();
+        assert!(!rx.has_buffers());
+        assert!(rx.usable().is_none());
+        let q = rx.queue.as_ref().unwrap();
+        assert!(q.metrics.is_broken());
+        assert_eq!(s.err.read().unwrap(), 1);
+    }
 }

@@ -11,16 +11,16 @@ use std::time::Duration;
 
 use vmm_sys_util::eventfd::EventFd;
 
-use super::queue::QueueRuntime;
+use super::queue::{QueueId, QueueRuntime};
 
 /// Requests from the protocol thread to a worker.
 #[derive(Debug)]
 pub enum Command {
     Start(Box<QueueRuntime>),
-    /// Stop queue `index`, flushing its batch; the reply is its next avail index (None if it
+    /// Stop queue `queue`, flushing its batch; the reply is its next avail index (None if it
     /// was not running).
     Stop {
-        index: u16,
+        queue: QueueId,
         reply: mpsc::Sender<Option<u16>>,
     },
     Shutdown,
@@ -99,10 +99,10 @@ impl WorkerHandle {
         self.send(Command::Start(Box::new(q)));
     }
 
-    /// Stops queue `index` and returns its next avail index, waiting at most 5 s.
-    pub fn stop(&self, index: u16) -> Option<u16> {
+    /// Stops queue `queue` and returns its next avail index, waiting at most 5 s.
+    pub fn stop(&self, queue: QueueId) -> Option<u16> {
         let (reply, answer) = mpsc::channel();
-        self.send(Command::Stop { index, reply });
+        self.send(Command::Stop { queue, reply });
         answer.recv_timeout(Duration::from_secs(5)).ok().flatten()
     }
 }

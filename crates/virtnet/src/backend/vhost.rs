@@ -25,7 +25,7 @@ use vring::memory::RegionSource;
 use vring::{DeviceQueue, Features, GuestAddress, GuestMemory, QueueConfig, RingAddresses};
 
 use super::device::Device;
-use super::queue::QueueRuntime;
+use super::queue::{QueueId, QueueRuntime};
 use crate::net::{self, NetConfig, NET_S_LINK_UP};
 use crate::sys::tap::TapOffloads;
 
@@ -135,37 +135,38 @@ impl Connection {
             .ok_or(VuError::InvalidParam)?;
         let call = v.call.as_ref().and_then(|f| f.try_clone().ok());
         let err = v.err.as_ref().and_then(|f| f.try_clone().ok());
-        let dev = self.device_queue(index);
-        let metrics = self.device.metrics(dev);
+        let id = self.queue_id(index).ok_or(VuError::InvalidParam)?;
+        let metrics = self.device.shared().queue_metrics(id).clone();
         let v = &mut self.vrings[index];
         v.running = true;
-        let rt = QueueRuntime::new(dev as u16, queue, kick, call, err, metrics);
-        self.device.worker(dev).start(rt);
+        let rt = QueueRuntime::new(id, queue, kick, call, err, metrics);
+        self.device.worker(id).start(rt);
         tracing::debug!(queue = index, size = v.num, "queue started");
         Ok(())
     }
 
-    /// Stops queue `index` if it runs, keeping its next avail index as the new base.
-    /// The device's queue behind the frontend's virtqueue `index`. Without MQ the control
-    /// queue is virtqueue 2 (spec 5.1.2), which on a multi-pair device is our last queue.
-    fn device_queue(&self, index: usize) -> usize {
+    /// The device queue behind the frontend's virtqueue `index` (VIRTIO 1.2 5.1.2). Without
+    /// MQ the control queue is virtqueue 2, which on a multi-pair device is our last queue.
+    fn queue_id(&self, index: usize) -> Option<QueueId> {
         let mq = self.acked_features.contains(Features::NET_MQ);
-        let ctrl = self.device.num_queues() - 1;
         if !mq && index == 2 && self.acked_features.contains(Features::NET_CTRL_VQ) {
-            ctrl
+            Some(QueueId::Ctrl)
         } else {
-            index
+            QueueId::from_index(index, self.device.pairs())
         }
     }
 
+    /// Stops queue `index` if it runs, keeping its next avail index as the new base.
     fn stop(&mut self, index: usize) {
-        let dev = self.device_queue(index);
+        let Some(id) = self.queue_id(index) else {
+            return;
+        };
         let Some(v) = self.vrings.get_mut(index) else {
             return;
         };
         if v.running {
             v.running = false;
-            if let Some(next) = self.device.worker(dev).stop(dev as u16) {
+            if let Some(next) = self.device.worker(id).stop(id) {
                 v.base = next;
             }
         }

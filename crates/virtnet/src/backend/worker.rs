@@ -20,7 +20,7 @@ use super::device::Shared;
 use super::error::Error;
 use super::host::{Host, Sent};
 use super::metrics::PollExit;
-use super::queue::{break_queue, install_queue, notify, retire_queue, QueueRuntime};
+use super::queue::{break_queue, install_queue, notify, retire_queue, QueueId, QueueRuntime};
 use super::rx::RxPath;
 use super::thread::{Command, Inbox};
 use crate::net;
@@ -194,7 +194,7 @@ impl<H: Host> Worker<H> {
         while let Some(cmd) = self.inbox.next() {
             match cmd {
                 Command::Start(q) => {
-                    if q.index % 2 == 0 {
+                    if matches!(q.id, QueueId::Rx(_)) {
                         self.rx.unblock();
                         install_queue(&self.epoll, &mut self.rx.queue, *q, EV_RX_KICK);
                         if let Some(q) = &self.rx.queue {
@@ -204,8 +204,8 @@ impl<H: Host> Worker<H> {
                         install_queue(&self.epoll, &mut self.tx, *q, EV_TX_KICK);
                     }
                 }
-                Command::Stop { index, reply } => {
-                    let q = if index % 2 == 0 {
+                Command::Stop { queue, reply } => {
+                    let q = if matches!(queue, QueueId::Rx(_)) {
                         if self.host.rx_stopped() {
                             // The frame waiting for buffers goes with the queue's owner.
                             if let Some(q) = &self.rx.queue {

@@ -82,3 +82,46 @@ impl Host for NullPort {
         true
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use testkit::Pair;
+    use vring::Features;
+
+    use super::*;
+    use crate::backend::queue::QueueId;
+    use crate::backend::testing::{post_rx, setup, shared, used};
+
+    #[test]
+    fn rx_is_filled_with_the_generated_frame_up_to_the_room_given() {
+        let f = Features::VERSION_1.union(Features::NET_MRG_RXBUF);
+        let mut s = setup(QueueId::Rx(0), f);
+        post_rx(&mut s.driver, 10, 256);
+        let mut port = NullPort::new(64, 3);
+        port.rx_started(&s.runtime);
+        let mut rx = RxPath::with_queue(s.runtime);
+        let got = port.receive(&mut rx, &shared(), 6).unwrap();
+        assert_eq!((got.frames, got.bytes), (6, 6 * 64));
+        let got = port.receive(&mut rx, &shared(), 6).unwrap();
+        assert_eq!(got.frames, 4, "only 4 buffers left");
+        assert_eq!(port.receive(&mut rx, &shared(), 6).unwrap().frames, 0);
+        rx.queue.as_mut().unwrap().queue.flush();
+        let used = used(&mut s.driver);
+        assert_eq!(used.len(), 10);
+        assert!(used
+            .iter()
+            .all(|&(_, len)| len as usize == net::HDR_LEN + 64));
+        // Broadcast, from a MAC that names the pair.
+        let mut eth = [0u8; 12];
+        s.mem
+            .read(
+                Pair::buf(0, 0)
+                    .addr
+                    .checked_add(net::HDR_LEN as u64)
+                    .unwrap(),
+                &mut eth,
+            )
+            .unwrap();
+        assert_eq!(eth, [0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 2, 0, 0, 0, 0, 3]);
+    }
+}
