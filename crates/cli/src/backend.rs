@@ -51,13 +51,13 @@ pub struct BackendArgs {
     #[arg(long, default_value_t = 0)]
     busy_poll_us: u32,
     /// Answer each control-queue command only after this many microseconds (a slow device,
-    /// for the seed 004 experiment).
+    /// for the control-queue benchmark).
     #[arg(long, default_value_t = 0)]
     ctrl_delay_us: u32,
     /// Used entries written before the used index is published (1 = every entry).
     #[arg(long, default_value_t = 64)]
     used_batch: u16,
-    /// While busy polling tx, do not poll the TAP for rx (seed 003 off).
+    /// While busy polling tx, do not poll the TAP for rx (rx polling from the tx path off).
     #[arg(long)]
     no_poll_rx_from_tx: bool,
     /// Pin the data workers to this CPU.

@@ -32,7 +32,9 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Run the measurements: the ring engine now, one experiment per seed technique later.
+    /// Run the measurements: the ring engine against rust-vmm virtio-queue, then one experiment
+    /// per technique (event index, batched used publish, busy polling, rx from tx, control
+    /// queue interrupts, tx completion); `--list` names them.
     Bench(BenchArgs),
     /// Serve a vhost-user-net device to QEMU, DPDK virtio-user or our driver.
     Backend(backend::BackendArgs),

@@ -178,7 +178,7 @@ impl<T> DriverQueue<T> {
     pub fn broken(&self) -> Option<&Error> {
         self.broken.get()
     }
-    /// Free descriptors (the capacity API of seed 002). An indirect chain takes one.
+    /// Free descriptors (Linux's capacity API). An indirect chain takes one.
     pub fn num_free(&self) -> u16 {
         self.num_free
     }
@@ -204,7 +204,7 @@ impl<T> DriverQueue<T> {
         self.fifo = on;
     }
 
-    /// Delays publishing `avail.idx` until `kick_prepare` (the behaviour seed 002 removed;
+    /// Delays publishing `avail.idx` until `kick_prepare` (the behaviour Linux's event-index series removed;
     /// kept for experiments). Off by default: every `add` publishes.
     pub fn set_publish_on_kick(&mut self, on: bool) {
         self.publish_on_kick = on;
@@ -483,7 +483,7 @@ impl<T> DriverQueue<T> {
     }
 
     /// Like [`DriverQueue::enable_cb`], but asks for the notification only after 3/4 of the
-    /// chains in flight are used (seed 002's delayed callbacks, for tx completions). Returns
+    /// chains in flight are used (Linux's delayed callbacks, for tx completions). Returns
     /// whether more than that many are already pending.
     pub fn enable_cb_delayed(&mut self) -> bool {
         let bufs = (self.in_flight() as u32 * 3 / 4) as u16;

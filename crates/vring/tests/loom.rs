@@ -1,4 +1,4 @@
-//! loom models of the notification protocol (test tier 3 of DESIGN.md): no lost wake-up, no
+//! loom models of the notification protocol (test tier 3 of docs/ARCHITECTURE.md): no lost wake-up, no
 //! double completion, in flag mode and in event-idx mode, on the kick side (driver to device)
 //! and the interrupt side (device to driver).
 //!

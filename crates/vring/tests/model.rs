@@ -1,4 +1,4 @@
-//! State-machine test of the ring engine (test tier 2 of DESIGN.md): random interleavings of
+//! State-machine test of the ring engine (test tier 2 of docs/ARCHITECTURE.md): random interleavings of
 //! driver and device operations on one queue, run in one thread, each checked against a simple
 //! model of what a split virtqueue must do.
 //!

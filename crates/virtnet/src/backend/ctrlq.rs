@@ -5,7 +5,7 @@
 //! Each command answers in its own chain: a reply (VQ_NOTF_COAL GET) at the start of the
 //! writable part and the ack in its last byte. A command the device cannot decode or apply is
 //! acked ERR; only a chain the ring engine refuses breaks the queue. `ctrl_delay_us` makes the
-//! device slow on purpose, to reproduce seed 004.
+//! device slow on purpose, for the benchmark of polling against interrupt-driven completion.
 
 use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering::Relaxed;

@@ -72,13 +72,13 @@ pub struct BackendConfig {
     pub mac: [u8; 6],
     pub mtu: u16,
     pub busy_poll_us: u32,
-    /// Seed 004's slow device: wait this long before answering each control command.
+    /// A slow device on purpose (the control-queue benchmark): wait this long before answering each control command.
     pub ctrl_delay_us: u32,
-    /// Used entries written before `used.idx` is published (seed 001; 1 = every entry).
+    /// Used entries written before `used.idx` is published (batched used publish; 1 = every entry).
     pub used_batch: u16,
-    /// While busy polling the tx ring, also poll the host side for rx (seed 003).
+    /// While busy polling the tx ring, also poll the host side for rx (rx polled from the tx path).
     pub poll_rx_from_tx: bool,
-    /// Pin every data worker to this CPU (for the contended case of seed 000).
+    /// Pin every data worker to this CPU (the contended case of the busy-polling benchmark).
     pub worker_cpu: Option<usize>,
 }
 

@@ -1,4 +1,4 @@
-//! The control virtqueue, driver side (spec 5.1.6.5), as seed 004 made Linux's virtio_net do
+//! The control virtqueue, driver side (spec 5.1.6.5), as Linux's virtio_net does since 2024 (interrupt-driven, concurrent commands)
 //! it: interrupt-driven and concurrent.
 //!
 //! - **Interrupt mode (the default).** Every command carries its own [`Completion`]. The

@@ -1,5 +1,5 @@
 //! Dynamic interrupt moderation for rx queues, modelled on Linux's lib/dim (net_dim), as
-//! virtio_net uses it with VQ_NOTF_COAL (seed 004).
+//! virtio_net uses it with VQ_NOTF_COAL (Linux's interrupt-driven control queue, 2024).
 //!
 //! Per rx queue, the data path hands [`Dim`] a sample (time, packets, bytes, interrupts) each
 //! time a NAPI round completes. Once [`DIM_EVENTS`] interrupts have passed since the start of
@@ -374,7 +374,7 @@ pub enum DimDispatch {
     /// completion. Many queues' commands are in flight at once.
     Irq(Arc<CtrlQueue>),
     /// Handed to a worker thread that runs them one at a time through the polling control
-    /// queue, as Linux's DIM work did before seed 004.
+    /// queue, as Linux's DIM work did before its control queue took interrupts.
     Poll(Arc<DimWorker>),
 }
 

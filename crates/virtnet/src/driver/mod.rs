@@ -1,11 +1,11 @@
 //! The userspace virtio-net driver (spec 5.1.6), the way Linux's virtio_net drives a device,
 //! over the vhost-user transport of [`crate::frontend`]:
 //!
-//! - [`tx`]: transmit with capacity stop/wake, delayed callbacks and bounded reclaim (seed 002);
+//! - [`tx`]: transmit with capacity stop/wake, delayed callbacks and bounded reclaim;
 //! - [`rx`]: receive with mergeable, big or small buffers and NAPI-style polling;
 //! - [`offload`]: checksum and TSO flags in the net header;
-//! - [`ctrl`]: the control queue, interrupt-driven and concurrent, or polling (seed 004);
-//! - [`dim`]: dynamic interrupt moderation through VQ_NOTF_COAL (seed 004);
+//! - [`ctrl`]: the control queue, interrupt-driven and concurrent, or polling;
+//! - [`dim`]: dynamic interrupt moderation through VQ_NOTF_COAL;
 //! - [`counters`]: per-queue lock-free counters;
 //! - [`NetDriver`] (in `net`): a connected device with its queue pairs and control queue.
 //!

@@ -1,4 +1,4 @@
-//! The transmit half of a queue pair (spec 5.1.6.2), as Linux's virtio_net after seed 002:
+//! The transmit half of a queue pair (spec 5.1.6.2), as Linux's virtio_net since its 2011 event-index series:
 //!
 //! - capacity is checked before adding: the queue stops when fewer descriptors than a
 //!   worst-case packet remain (or no buffer is free), and restarts from the completion path;
@@ -8,7 +8,7 @@
 //! - the avail index is published on every add, the kick is decided once per burst.
 //!
 //! The first three can be switched off, for `virtnet bench` to measure what each buys (the
-//! driver before seed 002): [`TxQueue::set_capacity_stop`], [`TxQueue::set_bounded_reclaim`],
+//! driver before that series): [`TxQueue::set_capacity_stop`], [`TxQueue::set_bounded_reclaim`],
 //! [`TxQueue::set_delayed_callbacks`].
 
 use std::sync::Arc;
@@ -53,14 +53,14 @@ pub struct TxQueue {
     busy_poll: bool,
     /// A stopped queue restarts once this many descriptors are free.
     wake_at: u16,
-    /// Ask for the completion interrupt after 3/4 of what is in flight (seed 002's delayed
+    /// Ask for the completion interrupt after 3/4 of what is in flight (the event-index series' delayed
     /// callback, the default) rather than at the next completion (for `virtnet bench`).
     delayed_cb: bool,
-    /// Stop the queue while a worst-case packet still fits (seed 002, the default), rather
+    /// Stop the queue while a worst-case packet still fits (the default, as Linux), rather
     /// than find the ring full when a frame is added (for `virtnet bench`).
     capacity_stop: bool,
     /// Reclaim at most [`TX_RECLAIM_BUDGET`] completions per transmit call, and only when
-    /// short of room (seed 002, the default), rather than all of them on every call.
+    /// short of room (the default, as Linux), rather than all of them on every call.
     bounded_reclaim: bool,
     pub counters: Arc<QueueCounters>,
 }
@@ -122,7 +122,7 @@ impl TxQueue {
     }
 
     /// Publishes the avail index once per burst ([`TxQueue::flush`]) instead of on every
-    /// frame. Seed 002 made every add publish, which lets a sleeping device start early; a
+    /// frame. Linux's event-index series made every add publish, which lets a sleeping device start early; a
     /// device that polls the ring instead pays a cache-line transfer per frame for it. Off by
     /// default.
     pub fn set_avail_per_burst(&mut self, on: bool) {
@@ -145,7 +145,7 @@ impl TxQueue {
         }
     }
 
-    /// Capacity stop/wake on (the default) or off. Off is the driver before seed 002: no
+    /// Capacity stop/wake on (the default) or off. Off is the driver before the event-index series: no
     /// capacity check before adding; a frame that finds the ring full is not sent (counted in
     /// `ring_full`, [`TxQueue::send`] returns false as Linux's NETDEV_TX_BUSY, for the caller
     /// to retry), the queue stops then, and restarts as soon as one frame fits again. For
@@ -154,7 +154,7 @@ impl TxQueue {
         self.capacity_stop = on;
     }
 
-    /// Bounded reclaim on (the default) or off. Off is the driver before seed 002: every
+    /// Bounded reclaim on (the default) or off. Off is the driver before the event-index series: every
     /// transmit call first reclaims every completion the device has published. For
     /// measurements.
     pub fn set_bounded_reclaim(&mut self, on: bool) {
@@ -264,7 +264,7 @@ impl TxQueue {
         tag: Option<u64>,
     ) -> Result<bool, DriverError> {
         if !self.bounded_reclaim {
-            // Before seed 002: every transmit first frees everything completed.
+            // Before the event-index series: every transmit first frees everything completed.
             self.reclaim(usize::MAX)?;
         } else if self.q.num_free() < self.reclaim_below || self.stopped {
             self.reclaim(TX_RECLAIM_BUDGET)?;
@@ -368,7 +368,7 @@ impl TxQueue {
             self.counters.kicks.add(1);
         }
         if !self.delayed_cb && !self.busy_poll {
-            // Before seed 002: tx completion interrupts stay enabled (at the next completion).
+            // Before the event-index series: tx completion interrupts stay enabled (at the next completion).
             self.q.enable_cb();
         }
     }
