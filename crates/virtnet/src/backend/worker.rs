@@ -16,13 +16,13 @@ use std::time::{Duration, Instant};
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::timerfd::TimerFd;
-use vring::{Chain, DeviceQueue, Error as RingError, Features, HostSpan};
+use vring::{Chain, DeviceQueue, Error as RingError, Features};
 
 use super::metrics::{PollExit, QueueMetrics};
 use super::Shared;
 use crate::net::{self, NetHdr};
 use crate::sys;
-use crate::sys::tap::{self, TapQueue};
+use crate::sys::tap::TapQueue;
 
 /// vhost_net's VHOST_NET_PKT_WEIGHT and VHOST_NET_WEIGHT: a queue's share of one turn.
 pub const WEIGHT_PACKETS: usize = 256;
@@ -332,19 +332,6 @@ fn usable(q: &Option<QueueRuntime>) -> Option<&QueueRuntime> {
     q.as_ref().filter(|q| q.queue.broken().is_none())
 }
 
-/// Host spans of `segs`, at most `tap::MAX_SPANS`.
-fn spans(
-    mem: &vring::GuestMemory,
-    segs: &[vring::Segment],
-    out: &mut Vec<HostSpan>,
-) -> Result<(), RingError> {
-    out.clear();
-    for s in segs.iter().take(tap::MAX_SPANS) {
-        out.push(mem.host_span(s.addr, s.len as usize)?);
-    }
-    Ok(())
-}
-
 /// Copies `data` into the writable segments of `chain`; returns the bytes written.
 fn write_chain(
     mem: &vring::GuestMemory,
@@ -553,7 +540,6 @@ impl Worker {
         let metrics = txq.metrics.clone();
         let c = &metrics.counters;
         let mut bytes = 0u64;
-        let mut iov = Vec::with_capacity(8);
         let result: Result<(), RingError> = (|| {
             let tx = self.tx.as_mut().expect("checked by usable");
             loop {
@@ -572,12 +558,25 @@ impl Worker {
                 let len = self.chain.readable_len();
                 let frame = len.saturating_sub(hdr_len as u64);
                 match &self.io {
-                    Io::Tap(t) => {
-                        spans(tx.queue.memory(), self.chain.readable(), &mut iov)?;
-                        if t.write_frame(&iov).is_err() {
+                    Io::Tap(t) => match t.write_frame(tx.queue.memory(), self.chain.readable()) {
+                        Ok(Ok(_)) => {}
+                        Ok(Err(_)) => metrics.add(&c.dropped, 1),
+                        // A legal chain that one writev cannot take: drop it whole rather than
+                        // send a cut frame, and keep the queue running.
+                        Err(RingError::TooManySegments { count, max }) => {
+                            static LOGGED: AtomicBool = AtomicBool::new(false);
+                            if !LOGGED.swap(true, Relaxed) {
+                                tracing::debug!(
+                                    queue = tx.index,
+                                    count,
+                                    max,
+                                    "tx chain has too many segments; dropped (logged once)"
+                                );
+                            }
                             metrics.add(&c.dropped, 1);
                         }
-                    }
+                        Err(e) => return Err(e),
+                    },
                     Io::Null { .. } => {}
                     Io::Echo => {
                         let rx = self.rx.as_mut().expect("checked above");
