@@ -2,7 +2,7 @@
 //!
 //! Variants fall in three kinds ([`ErrorKind`]): the peer broke the ring protocol (the queue is
 //! then broken until reset), the configuration handed to us was invalid, or this side asked for
-//! something that cannot be done right now (a full queue).
+//! something that cannot be done (a full queue, a chain too long for one vectored I/O call).
 
 /// What went wrong, and whose fault it was (see [`Error::kind`]).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -86,6 +86,9 @@ pub enum Error {
     QueueFull { needed: usize, free: u16 },
     #[error("a chain needs at least one buffer")]
     EmptyChain,
+    /// A legal chain, but one vectored I/O call takes fewer segments (`memory::MAX_IOVECS`).
+    #[error("{count} segments are more than one vectored I/O call takes ({max})")]
+    TooManySegments { count: usize, max: usize },
 }
 
 /// Whose fault an [`Error`] is.
@@ -95,7 +98,8 @@ pub enum ErrorKind {
     Peer,
     /// The configuration (addresses, sizes, memory table, features) was invalid.
     Config,
-    /// A transient condition on this side, such as a full queue.
+    /// This side's request cannot be met: a full queue (transient), or a chain with more
+    /// segments than one vectored I/O call takes. The queue is not broken.
     Usage,
 }
 
@@ -127,7 +131,7 @@ impl Error {
             | InvalidMemory { .. }
             | Mmap { .. }
             | UnofferedFeatures { .. } => ErrorKind::Config,
-            QueueFull { .. } | EmptyChain => ErrorKind::Usage,
+            QueueFull { .. } | EmptyChain | TooManySegments { .. } => ErrorKind::Usage,
         }
     }
 }

@@ -8,7 +8,9 @@
 //! - [`DeviceQueue`]: pop validated [`Chain`]s, batched used publish, notification decisions.
 //! - [`DriverQueue`]: add chains (direct or indirect), kick decisions, reclaim, callbacks.
 //!
-//! The crate does no I/O and starts no threads: kicks and calls are the caller's business.
+//! The crate starts no threads and opens no files: kicks and calls are the caller's business.
+//! Its only I/O is [`GuestMemory::writev_to`] and [`GuestMemory::readv_from`], vectored I/O
+//! between guest memory and a file descriptor the caller lends.
 
 #![deny(unsafe_code)]
 
@@ -34,4 +36,4 @@ pub use error::{Error, ErrorKind};
 pub use event::vring_need_event;
 pub use features::Features;
 pub use layout::RingAddresses;
-pub use memory::{GuestAddress, GuestMemory, HostSpan};
+pub use memory::{GuestAddress, GuestMemory, MAX_IOVECS};

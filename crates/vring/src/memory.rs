@@ -2,13 +2,17 @@
 //! vhost-user memory table, with bounds-checked translation from guest addresses to host memory.
 //!
 //! This is the only module of the crate with `unsafe`. It hands out atomics over checked,
-//! aligned, mapped addresses and copies payload bytes; everything above it is safe code. The
-//! mappings themselves are made by `vm-memory`'s [`MmapRegion`].
+//! aligned, mapped addresses, copies payload bytes, and does vectored I/O between payload bytes
+//! and a file descriptor; everything above it is safe code, and no raw pointer into guest memory
+//! leaves this module. The mappings themselves are made by `vm-memory`'s [`MmapRegion`].
 //!
 //! Every byte behind these mappings may be written by the peer at any moment, so the rings are
-//! only ever accessed through atomics, and payload bytes only by copying them out or in.
+//! only ever accessed through atomics, and payload bytes only by copying them out or in (here,
+//! or by the kernel in `readv`/`writev`).
 
 use std::fs::File;
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64};
 use std::sync::Arc;
@@ -16,7 +20,7 @@ use std::sync::Arc;
 use vm_memory::mmap::MmapRegion;
 use vm_memory::FileOffset;
 
-use crate::Error;
+use crate::{Error, Segment};
 
 /// The most regions a memory may have (vhost-user's `VHOST_USER_MAX_RAM_SLOTS`).
 pub const MAX_REGIONS: usize = 509;
@@ -33,13 +37,17 @@ impl GuestAddress {
     }
 }
 
-/// A checked span of host memory, for building iovecs: `len` bytes at `ptr` lie inside one
-/// mapped region of the memory that produced it. Dereferencing `ptr` is the caller's business
-/// (an I/O syscall, typically), and is only sound while that memory is alive.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct HostSpan {
-    pub ptr: *mut u8,
-    pub len: usize,
+/// The most segments one [`GuestMemory::writev_to`] or [`GuestMemory::readv_from`] takes: their
+/// iovecs live on the stack. Linux's own limit (`UIO_MAXIOV`) is 1024.
+pub const MAX_IOVECS: usize = 64;
+
+/// A checked span of host memory: `len` bytes at `ptr` lie inside one mapped region of the
+/// memory that produced it. Private, so that no code outside this module holds a raw pointer
+/// into guest memory, nor one that outlives the borrow of the memory.
+#[derive(Clone, Copy, Debug)]
+struct HostSpan {
+    ptr: *mut u8,
+    len: usize,
 }
 
 /// Describes one region when building a [`GuestMemory`] from file descriptors, as a vhost-user
@@ -262,7 +270,7 @@ impl GuestMemory {
 
     /// The host span of `[addr, addr + len)`, which must lie inside one region.
     #[inline]
-    pub fn host_span(&self, addr: GuestAddress, len: usize) -> Result<HostSpan, Error> {
+    fn host_span(&self, addr: GuestAddress, len: usize) -> Result<HostSpan, Error> {
         let (r, off) = self.find(addr, len as u64).ok_or(out_of_range(addr, len))?;
         Ok(HostSpan {
             ptr: r.host.as_ptr().wrapping_add(off),
@@ -340,6 +348,74 @@ impl GuestMemory {
         Ok(())
     }
 
+    /// Writes the bytes of `segs`, in order, to `fd` with one `writev`: a frame goes from guest
+    /// memory to the host without a copy in this process. Returns the bytes written.
+    ///
+    /// The outer error is the guest's: a segment outside memory
+    /// ([`Error::AddressOutOfRange`]), or more than [`MAX_IOVECS`] segments
+    /// ([`Error::TooManySegments`]); then nothing is written. The inner one is the host's, as
+    /// `writev` reported it (`WouldBlock` when a non-blocking `fd` is full, for example).
+    pub fn writev_to(
+        &self,
+        fd: BorrowedFd<'_>,
+        segs: &[Segment],
+    ) -> Result<io::Result<usize>, Error> {
+        let mut iov = [EMPTY_IOVEC; MAX_IOVECS];
+        let n = self.iovecs(segs, &mut iov)?;
+        Ok(retry_interrupted(|| {
+            // SAFETY: `iovecs` checked that each of the `n` iovecs lies inside a mapping of
+            // `self`, which the borrow keeps alive for the call; writev only reads them. The peer
+            // may change those bytes meanwhile: the host then gets whatever was there, as with
+            // a copy.
+            unsafe { libc::writev(fd.as_raw_fd(), iov.as_ptr(), n as libc::c_int) }
+        }))
+    }
+
+    /// Reads from `fd` with one `readv`, scattering the bytes over `segs` in order: a frame goes
+    /// from the host into guest memory without a copy in this process. Returns the bytes read;
+    /// a read longer than the segments is cut by the kernel, as `readv` does.
+    ///
+    /// Errors as in [`GuestMemory::writev_to`]; on an outer error nothing is read.
+    pub fn readv_from(
+        &self,
+        fd: BorrowedFd<'_>,
+        segs: &[Segment],
+    ) -> Result<io::Result<usize>, Error> {
+        let mut iov = [EMPTY_IOVEC; MAX_IOVECS];
+        let n = self.iovecs(segs, &mut iov)?;
+        Ok(retry_interrupted(|| {
+            // SAFETY: `iovecs` checked that each of the `n` iovecs lies inside a mapping of
+            // `self`, which the borrow keeps alive for the call. The kernel's stores there race
+            // with the peer's accesses, which is fine: this memory is shared and only ever
+            // accessed by copies and atomics, so no Rust reference to plain bytes exists under
+            // it, and where a hostile guest points a segment at its own ring, the ring's Rust
+            // views are atomics (interior mutability), which the peer may overwrite anyway.
+            unsafe { libc::readv(fd.as_raw_fd(), iov.as_ptr(), n as libc::c_int) }
+        }))
+    }
+
+    /// Translates `segs` into `iov`, checking each one; returns how many it filled.
+    fn iovecs(
+        &self,
+        segs: &[Segment],
+        iov: &mut [libc::iovec; MAX_IOVECS],
+    ) -> Result<usize, Error> {
+        if segs.len() > MAX_IOVECS {
+            return Err(Error::TooManySegments {
+                count: segs.len(),
+                max: MAX_IOVECS,
+            });
+        }
+        for (slot, s) in iov.iter_mut().zip(segs) {
+            let span = self.host_span(s.addr, s.len as usize)?;
+            *slot = libc::iovec {
+                iov_base: span.ptr.cast(),
+                iov_len: span.len,
+            };
+        }
+        Ok(segs.len())
+    }
+
     /// An atomic view of `count` elements of `T` at `addr`, which must be aligned for `T` and
     /// lie inside one region. The view borrows the memory.
     pub fn atomic_slice<T: SharedAtomic>(
@@ -395,6 +471,26 @@ impl GuestMemory {
     }
 }
 
+const EMPTY_IOVEC: libc::iovec = libc::iovec {
+    iov_base: std::ptr::null_mut(),
+    iov_len: 0,
+};
+
+/// Runs a vectored I/O call until a signal does not interrupt it: an interrupted call moved no
+/// bytes, so repeating it is what the caller wants.
+fn retry_interrupted(mut call: impl FnMut() -> libc::ssize_t) -> io::Result<usize> {
+    loop {
+        let n = call();
+        if n >= 0 {
+            return Ok(n as usize);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
 fn out_of_range(addr: GuestAddress, len: usize) -> Error {
     Error::AddressOutOfRange {
         addr: addr.0,
@@ -446,30 +542,39 @@ unsafe impl<T: SharedAtomic> Send for SharedSlice<T> {}
 // SAFETY: as above.
 unsafe impl<T: SharedAtomic> Sync for SharedSlice<T> {}
 
-/// An anonymous memory file of `size` bytes, sealed against shrinking.
+/// An anonymous memory file of `size` bytes, sealed against shrinking: the backend we share it
+/// with maps all of it, and a shrunk file would make its accesses past the new end fault
+/// (SIGBUS). QEMU seals its memfds the same way.
 fn memfd_create(name: &str, size: u64) -> Result<File, Error> {
     use std::os::fd::FromRawFd;
+    let os_error = |e: io::Error| Error::Mmap {
+        reason: e.to_string(),
+    };
     let cname = std::ffi::CString::new(name).map_err(|_| Error::Mmap {
         reason: "bad name".into(),
     })?;
+    let flags = libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING;
     // SAFETY: `cname` is a valid NUL-terminated string; the flags are valid.
-    let fd = unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC) };
+    let fd = unsafe { libc::memfd_create(cname.as_ptr(), flags) };
     if fd < 0 {
-        return Err(Error::Mmap {
-            reason: std::io::Error::last_os_error().to_string(),
-        });
+        return Err(os_error(io::Error::last_os_error()));
     }
     // SAFETY: `fd` is a fresh descriptor that nothing else owns.
     let file = unsafe { File::from_raw_fd(fd) };
-    file.set_len(size).map_err(|e| Error::Mmap {
-        reason: e.to_string(),
-    })?;
+    file.set_len(size).map_err(os_error)?;
+    // SAFETY: F_ADD_SEALS takes an int argument; `file` is a memfd that allows sealing.
+    if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_SHRINK) } < 0 {
+        return Err(os_error(io::Error::last_os_error()));
+    }
     Ok(file)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::{Read, Write};
+    use std::os::fd::AsFd;
+    use std::os::unix::net::UnixStream;
     use std::sync::atomic::Ordering;
 
     #[test]
@@ -538,6 +643,152 @@ mod tests {
         let mut back = vec![0u8; 8192];
         mem.read(GuestAddress(0x1000), &mut back).unwrap();
         assert_eq!(back, pattern);
+    }
+
+    fn seg(addr: u64, len: u32) -> Segment {
+        Segment {
+            addr: GuestAddress(addr),
+            len,
+        }
+    }
+
+    /// Two regions with a gap, so that a chain can cross from one to the other.
+    fn two_regions() -> GuestMemory {
+        GuestMemory::anonymous(&[(GuestAddress(0x1000), 4096), (GuestAddress(0x10000), 4096)])
+            .unwrap()
+    }
+
+    fn nonblocking_pair() -> (UnixStream, UnixStream) {
+        let (a, b) = UnixStream::pair().unwrap();
+        a.set_nonblocking(true).unwrap();
+        b.set_nonblocking(true).unwrap();
+        (a, b)
+    }
+
+    #[test]
+    fn writev_to_gathers_segments_in_order() {
+        let mem = two_regions();
+        let segs = [
+            seg(0x1ff0, 16),
+            seg(0x1000, 0),
+            seg(0x10000, 5),
+            seg(0x1003, 7),
+        ];
+        mem.write(GuestAddress(0x1ff0), b"0123456789abcdef")
+            .unwrap();
+        mem.write(GuestAddress(0x10000), b"ghijk").unwrap();
+        mem.write(GuestAddress(0x1003), b"lmnopqr").unwrap();
+        let (mut rx, tx) = std::io::pipe().unwrap();
+        let n = mem.writev_to(tx.as_fd(), &segs).unwrap().unwrap();
+        assert_eq!(n, 28);
+        drop(tx);
+        let mut got = Vec::new();
+        rx.read_to_end(&mut got).unwrap();
+        assert_eq!(got, b"0123456789abcdefghijklmnopqr");
+    }
+
+    #[test]
+    fn readv_from_scatters_over_segments() {
+        let mem = two_regions();
+        let frame: Vec<u8> = (0..100u8).collect();
+        let (rx, mut tx) = std::io::pipe().unwrap();
+        tx.write_all(&frame).unwrap();
+        mem.write(GuestAddress(0x10000 + 60), &[0xee; 8]).unwrap();
+        // The last segment is longer than what is left: readv fills only its start.
+        let segs = [
+            seg(0x1ffa, 6),
+            seg(0x1000, 0),
+            seg(0x1100, 34),
+            seg(0x10000, 128),
+        ];
+        let n = mem.readv_from(rx.as_fd(), &segs).unwrap().unwrap();
+        assert_eq!(n, 100);
+        let mut back = [0u8; 64];
+        mem.read(GuestAddress(0x1ffa), &mut back[..6]).unwrap();
+        assert_eq!(back[..6], frame[..6]);
+        mem.read(GuestAddress(0x1100), &mut back[..34]).unwrap();
+        assert_eq!(back[..34], frame[6..40]);
+        mem.read(GuestAddress(0x10000), &mut back).unwrap();
+        assert_eq!(back[..60], frame[40..]);
+        assert_eq!(back[60..], [0xee; 4], "readv wrote past the bytes it read");
+    }
+
+    #[test]
+    fn a_segment_outside_memory_fails_before_any_io() {
+        let mem = two_regions();
+        let (a, mut b) = nonblocking_pair();
+        // The bad segment comes last: no partial write of the good ones before it.
+        let segs = [seg(0x1000, 16), seg(0x1ffc, 8)];
+        assert_eq!(
+            mem.writev_to(a.as_fd(), &segs).unwrap_err(),
+            Error::AddressOutOfRange {
+                addr: 0x1ffc,
+                len: 8
+            }
+        );
+        let mut buf = [0u8; 32];
+        assert_eq!(
+            b.read(&mut buf).unwrap_err().kind(),
+            io::ErrorKind::WouldBlock
+        );
+        b.write_all(b"frame").unwrap();
+        let segs = [seg(0x1000, 4), seg(0x5000, 4)];
+        assert_eq!(
+            mem.readv_from(a.as_fd(), &segs).unwrap_err(),
+            Error::AddressOutOfRange {
+                addr: 0x5000,
+                len: 4
+            }
+        );
+        assert_eq!((&a).read(&mut buf).unwrap(), 5, "the frame was consumed");
+        mem.read(GuestAddress(0x1000), &mut buf[..4]).unwrap();
+        assert_eq!(buf[..4], [0; 4]);
+    }
+
+    #[test]
+    fn more_segments_than_iovecs_are_refused_not_cut() {
+        let mem = two_regions();
+        let (a, mut b) = nonblocking_pair();
+        let segs: Vec<Segment> = (0..MAX_IOVECS as u64 + 1)
+            .map(|i| seg(0x1000 + i, 1))
+            .collect();
+        let want = Error::TooManySegments {
+            count: MAX_IOVECS + 1,
+            max: MAX_IOVECS,
+        };
+        assert_eq!(mem.writev_to(a.as_fd(), &segs).unwrap_err(), want);
+        assert_eq!(mem.readv_from(a.as_fd(), &segs).unwrap_err(), want);
+        let mut buf = [0u8; 128];
+        assert_eq!(
+            b.read(&mut buf).unwrap_err().kind(),
+            io::ErrorKind::WouldBlock
+        );
+        // Exactly the limit is fine.
+        let n = mem.writev_to(a.as_fd(), &segs[..MAX_IOVECS]).unwrap();
+        assert_eq!(n.unwrap(), MAX_IOVECS);
+        assert_eq!(b.read(&mut buf).unwrap(), MAX_IOVECS);
+    }
+
+    #[test]
+    fn host_errors_come_back_inside() {
+        let mem = two_regions();
+        let (a, mut b) = nonblocking_pair();
+        let segs = [seg(0x1000, 4096), seg(0x10000, 4096)];
+        let empty = mem.readv_from(a.as_fd(), &segs).unwrap();
+        assert_eq!(empty.unwrap_err().kind(), io::ErrorKind::WouldBlock);
+        let chunk = [0u8; 4096];
+        while b.write(&chunk).is_ok() {}
+        let full = mem.writev_to(b.as_fd(), &segs).unwrap();
+        assert_eq!(full.unwrap_err().raw_os_error(), Some(libc::EAGAIN));
+    }
+
+    #[test]
+    fn memfd_memory_cannot_be_shrunk() {
+        let mem = GuestMemory::memfd(&[(GuestAddress(0), 8192)]).unwrap();
+        let file = mem.regions().next().unwrap().file.unwrap();
+        let e = file.set_len(4096).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EPERM));
+        assert_eq!(file.metadata().unwrap().len(), 8192);
     }
 
     #[test]

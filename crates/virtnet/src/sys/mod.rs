@@ -1,9 +1,12 @@
-//! The crate's only `unsafe` code: the OS interfaces of the data path. TAP ioctls and
-//! zero-copy readv/writev ([`tap`]), adopting eventfds received from the frontend, and the
-//! per-thread scheduler and CPU-time readings used by busy polling and the benchmarks.
+//! The crate's only `unsafe` code: the OS interfaces of the data path. TAP ioctls and frame
+//! I/O ([`tap`], whose vectored I/O into guest memory is vring's `GuestMemory::writev_to` and
+//! `readv_from`), adopting eventfds received from the frontend, opening the inherited listening
+//! socket, and the per-thread scheduler and CPU-time readings used by busy polling and the
+//! benchmarks.
 
 use std::io;
-use std::os::fd::{FromRawFd, IntoRawFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixListener;
 
 use vmm_sys_util::eventfd::EventFd;
 
@@ -40,30 +43,64 @@ pub fn eventfd_from_file(f: std::fs::File) -> EventFd {
     unsafe { EventFd::from_raw_fd(raw) }
 }
 
-/// Adopts an inherited listening unix socket (`--fd N` of the vhost-user backend program
-/// conventions), after checking that it is one.
-pub fn unix_listener_from_fd(fd: RawFd) -> io::Result<std::os::unix::net::UnixListener> {
-    let mut kind: libc::c_int = 0;
+/// The listening unix socket this process inherited as descriptor `fd` (`--fd N` of the
+/// vhost-user backend program conventions).
+///
+/// Adopting a descriptor by its number is unsound in general: if something else in the process
+/// owns that number, there are then two owners, and the second close closes whatever reuses
+/// the number. So this takes no ownership of `fd`. It duplicates it (`F_DUPFD_CLOEXEC`) and
+/// owns the copy, a new descriptor that nothing else can hold; that is sound whoever owns
+/// `fd`, and however often it is called (if another owner closes `fd` meanwhile, the copy is of
+/// whatever then has the number: still checked, still ours alone). The inherited descriptor stays open, and unowned, for
+/// the life of the process: one descriptor, in a process that listens on it until it exits.
+///
+/// Refuses 0, 1 and 2 (stdio, which the standard library owns, and never the vhost-user
+/// socket), a number that is not open, and anything but a listening (`SO_ACCEPTCONN`)
+/// `AF_UNIX` stream socket; a refused copy is closed again.
+pub fn unix_listener_from_fd(fd: RawFd) -> io::Result<UnixListener> {
+    let refuse = |why: &str| io::Error::new(io::ErrorKind::InvalidInput, format!("fd {fd}: {why}"));
+    if (0..=2).contains(&fd) {
+        return Err(refuse("is stdio, not an inherited socket"));
+    }
+    // SAFETY: F_DUPFD_CLOEXEC takes an int (the lowest number for the copy) and touches no
+    // memory; on a number that is not open it fails with EBADF.
+    let copy = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 3) };
+    if copy < 0 {
+        let e = io::Error::last_os_error();
+        return Err(io::Error::new(e.kind(), format!("fd {fd}: {e}")));
+    }
+    // SAFETY: `copy` was just made by fcntl, so nothing else in the process owns it.
+    let copy = unsafe { OwnedFd::from_raw_fd(copy) };
+    let opt = |name| socket_option(copy.as_fd(), name);
+    match (
+        opt(libc::SO_DOMAIN),
+        opt(libc::SO_TYPE),
+        opt(libc::SO_ACCEPTCONN),
+    ) {
+        (Ok(libc::AF_UNIX), Ok(libc::SOCK_STREAM), Ok(1)) => Ok(UnixListener::from(copy)),
+        _ => Err(refuse("is not a listening unix stream socket")),
+    }
+}
+
+/// An int-valued SOL_SOCKET option of `fd`.
+fn socket_option(fd: BorrowedFd<'_>, name: libc::c_int) -> io::Result<libc::c_int> {
+    let mut value: libc::c_int = 0;
     let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-    // SAFETY: `kind` and `len` are valid for writes of the sizes given.
+    // SAFETY: `value` and `len` are valid for writes of the sizes given; the kernel writes at
+    // most `len` bytes into `value`.
     let r = unsafe {
         libc::getsockopt(
-            fd,
+            fd.as_raw_fd(),
             libc::SOL_SOCKET,
-            libc::SO_TYPE,
-            (&mut kind as *mut libc::c_int).cast(),
+            name,
+            (&mut value as *mut libc::c_int).cast(),
             &mut len,
         )
     };
-    if r < 0 || kind != libc::SOCK_STREAM {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!("fd {fd} is not a stream socket"),
-        ));
+    if r < 0 {
+        return Err(io::Error::last_os_error());
     }
-    // SAFETY: the fd was inherited for us to own (the caller's contract with its parent), and
-    // it is a stream socket.
-    Ok(unsafe { std::os::unix::net::UnixListener::from_raw_fd(fd) })
+    Ok(value)
 }
 
 /// Pins the calling thread to `cpu`.
@@ -167,7 +204,6 @@ pub fn poll_readable(fds: &[RawFd], timeout_ms: i32) -> u32 {
 /// (`recv(MSG_PEEK)`); blocks until at least one byte is there, and may return fewer bytes
 /// than are coming (MSG_WAITALL does not apply to peeks on unix sockets). 0: the peer closed.
 pub fn peek(socket: &std::os::unix::net::UnixStream, buf: &mut [u8]) -> io::Result<usize> {
-    use std::os::fd::AsRawFd;
     loop {
         // SAFETY: `buf` is valid for writes of `buf.len()` bytes; the kernel writes at most that.
         let r = unsafe {
@@ -185,5 +221,71 @@ pub fn peek(socket: &std::os::unix::net::UnixStream, buf: &mut [u8]) -> io::Resu
         if e.kind() != io::ErrorKind::Interrupted {
             return Err(e);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+    use std::os::unix::net::UnixStream;
+
+    fn refused(fd: RawFd) -> io::Error {
+        unix_listener_from_fd(fd).expect_err("should be refused")
+    }
+
+    #[test]
+    fn stdio_and_closed_numbers_are_refused() {
+        for fd in [0, 1, 2] {
+            assert_eq!(refused(fd).kind(), io::ErrorKind::InvalidInput, "fd {fd}");
+        }
+        for fd in [-1, 1 << 30] {
+            let e = refused(fd).to_string();
+            assert!(
+                e.starts_with(&format!("fd {fd}: Bad file descriptor")),
+                "{e}"
+            );
+        }
+    }
+
+    #[test]
+    fn anything_but_a_listening_unix_stream_socket_is_refused_and_left_open() {
+        let (mut rx, mut tx) = std::io::pipe().unwrap();
+        let e = refused(tx.as_raw_fd());
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+        assert!(
+            e.to_string().contains("not a listening unix stream socket"),
+            "{e}"
+        );
+        // The pipe is still ours and still open.
+        tx.write_all(b"ok").unwrap();
+        drop(tx);
+        let mut got = Vec::new();
+        rx.read_to_end(&mut got).unwrap();
+        assert_eq!(got, b"ok");
+
+        let (a, _b) = UnixStream::pair().unwrap();
+        assert_eq!(refused(a.as_raw_fd()).kind(), io::ErrorKind::InvalidInput);
+        let tcp = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        assert_eq!(refused(tcp.as_raw_fd()).kind(), io::ErrorKind::InvalidInput);
+    }
+
+    #[test]
+    fn a_listener_is_copied_not_taken() {
+        let dir = std::env::temp_dir().join(format!("virtnet-sys-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("l.sock");
+        let original = UnixListener::bind(&path).unwrap();
+        let copy = unix_listener_from_fd(original.as_raw_fd()).unwrap();
+        assert_ne!(copy.as_raw_fd(), original.as_raw_fd());
+        let _c = UnixStream::connect(&path).unwrap();
+        copy.accept().unwrap();
+        // Two calls make two independent copies, and closing them leaves the original working.
+        let again = unix_listener_from_fd(original.as_raw_fd()).unwrap();
+        drop((copy, again));
+        let _c = UnixStream::connect(&path).unwrap();
+        original.accept().unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

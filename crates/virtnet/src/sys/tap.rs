@@ -1,16 +1,18 @@
 //! The host side of the backend: a Linux TAP device with a virtio-net header on every frame
 //! (IFF_VNET_HDR) and one file descriptor per queue pair (IFF_MULTI_QUEUE).
 //!
-//! ioctls on /dev/net/tun, and readv/writev with iovecs that point straight into guest memory
-//! (zero copy). Every iovec comes from `GuestMemory::host_span`, so it lies inside a live
-//! mapping for the duration of the call.
+//! ioctls on /dev/net/tun, and frame I/O. Transmit is zero copy: [`TapQueue::write_frame`] hands
+//! the chain's segments to vring's `GuestMemory::writev_to`, which checks them and writes them
+//! with one writev. Receive is not, yet: the backend reads each frame into a bounce buffer with
+//! [`TapQueue::read`] and copies it into the guest's buffers; [`TapQueue::read_frame`] (one
+//! readv straight into guest memory) is there for when it does.
 
 use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::os::unix::fs::OpenOptionsExt;
 
-use vring::memory::HostSpan;
+use vring::{GuestMemory, Segment};
 
 use super::{ioctl_ptr, ioctl_val};
 
@@ -125,58 +127,31 @@ impl TapQueue {
         }
     }
 
-    /// Writes one frame (virtio-net header first) gathered from `spans`. Returns the bytes
-    /// written; WouldBlock when the TAP's queue is full.
-    pub fn write_frame(&self, spans: &[HostSpan]) -> io::Result<usize> {
-        self.vectored(libc::writev, spans)
+    /// Writes one frame (virtio-net header first) gathered from `segs` of `mem`. Returns the
+    /// bytes written; the inner error is the TAP's (WouldBlock when its queue is full), the
+    /// outer one the guest's (see `GuestMemory::writev_to`).
+    pub fn write_frame(
+        &self,
+        mem: &GuestMemory,
+        segs: &[Segment],
+    ) -> Result<io::Result<usize>, vring::Error> {
+        mem.writev_to(self.file.as_fd(), segs)
     }
 
-    /// Reads one frame (virtio-net header first) scattered into `spans`. Returns its length;
-    /// WouldBlock when no frame is waiting. A frame longer than the spans is truncated by the
-    /// kernel, so callers size the spans for the largest frame.
-    pub fn read_frame(&self, spans: &[HostSpan]) -> io::Result<usize> {
-        self.vectored(libc::readv, spans)
-    }
-
-    fn vectored(&self, op: VectoredIo, spans: &[HostSpan]) -> io::Result<usize> {
-        let iov = iovecs(spans);
-        // SAFETY: `op` is readv or writev; every iovec points into a live guest mapping (see
-        // the module docs): writev only reads it, and readv writes the device-writable part of
-        // a chain, which nothing else references meanwhile.
-        let n = unsafe {
-            op(
-                self.file.as_raw_fd(),
-                iov.as_ptr(),
-                iov.len() as libc::c_int,
-            )
-        };
-        if n < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(n as usize)
+    /// Reads one frame (virtio-net header first) scattered over `segs` of `mem`. Returns its
+    /// length; WouldBlock (inner) when no frame is waiting. A frame longer than the segments
+    /// is cut by the kernel, so callers size them for the largest frame.
+    pub fn read_frame(
+        &self,
+        mem: &GuestMemory,
+        segs: &[Segment],
+    ) -> Result<io::Result<usize>, vring::Error> {
+        mem.readv_from(self.file.as_fd(), segs)
     }
 }
-
-type VectoredIo =
-    unsafe extern "C" fn(libc::c_int, *const libc::iovec, libc::c_int) -> libc::ssize_t;
 
 impl AsRawFd for TapQueue {
     fn as_raw_fd(&self) -> RawFd {
         self.file.as_raw_fd()
     }
-}
-
-/// Up to 64 iovecs on the stack cover any chain the data path builds (it caps chains at
-/// `MAX_SPANS`); longer lists are cut, which only shortens the frame.
-pub const MAX_SPANS: usize = 64;
-
-fn iovecs(spans: &[HostSpan]) -> Vec<libc::iovec> {
-    spans
-        .iter()
-        .take(MAX_SPANS)
-        .map(|s| libc::iovec {
-            iov_base: s.ptr as *mut libc::c_void,
-            iov_len: s.len,
-        })
-        .collect()
 }

@@ -1,20 +1,23 @@
 //! The `tap` port: guest frames to and from one queue of a multi-queue TAP device, with the
 //! virtio-net header on every frame (IFF_VNET_HDR), so offloads pass through unchanged.
 //!
-//! tx writes each frame straight from guest memory (writev). rx reads each frame into a
+//! tx writes each frame straight from guest memory (one writev); a chain of more segments
+//! than one writev takes is dropped and counted, never cut short. rx reads each frame into a
 //! bounce buffer and copies it into guest buffers; a frame that does not fit the posted
 //! buffers waits here, as vhost_net leaves it queued, until the guest posts more.
 
 use std::os::fd::{AsRawFd, RawFd};
 
-use vring::{Chain, Error as RingError, GuestMemory, HostSpan};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+
+use vring::{Chain, Error as RingError, GuestMemory};
 
 use super::{Host, Received, Sent};
 use crate::backend::device::Shared;
 use crate::backend::rx::RxPath;
 use crate::net;
 use crate::sys;
-use crate::sys::tap::{self, TapQueue};
+use crate::sys::tap::TapQueue;
 
 /// The largest frame the rx path reads: a 64 KiB GSO frame and its header.
 const MAX_RX_FRAME: usize = 65536 + net::HDR_LEN + 14 + 4;
@@ -52,14 +55,24 @@ impl Host for TapPort {
         _rx: &mut RxPath,
         _shared: &Shared,
     ) -> Result<Sent, RingError> {
-        let mut spans: Vec<HostSpan> = Vec::with_capacity(8);
-        for s in chain.readable().iter().take(tap::MAX_SPANS) {
-            spans.push(mem.host_span(s.addr, s.len as usize)?);
+        match self.tap.write_frame(mem, chain.readable()) {
+            Ok(Ok(_)) => Ok(Sent::Taken),
+            Ok(Err(_)) => Ok(Sent::Dropped),
+            // A legal chain that one writev cannot take: drop it whole rather than send a cut
+            // frame, and keep the queue running.
+            Err(RingError::TooManySegments { count, max }) => {
+                static LOGGED: AtomicBool = AtomicBool::new(false);
+                if !LOGGED.swap(true, Relaxed) {
+                    tracing::debug!(
+                        count,
+                        max,
+                        "tx chain has too many segments; dropped (logged once)"
+                    );
+                }
+                Ok(Sent::Dropped)
+            }
+            Err(e) => Err(e),
         }
-        Ok(match self.tap.write_frame(&spans) {
-            Ok(_) => Sent::Taken,
-            Err(_) => Sent::Dropped,
-        })
     }
 
     fn receive(
