@@ -1,5 +1,5 @@
 //! The `ctrl_queue` target: the backend's control-queue device
-//! (`virtnet::backend::ctrlq::process_commands`, spec 5.1.6.5) facing a careless or hostile
+//! (`virtnet_backend::ctrlq::process_commands`, spec 5.1.6.5) facing a careless or hostile
 //! driver, without the control thread.
 //!
 //! The driver posts commands through a `DriverQueue`: known commands with data of any length,
@@ -22,8 +22,8 @@
 use std::sync::Arc;
 
 use arbitrary::Arbitrary;
-use virtnet::backend::{QueueId, QueueRuntime};
-use virtnet::backend::{ctrlq, BackendConfig, IoMode, Shared};
+use virtnet_backend::{ctrlq, BackendConfig, IoMode, Shared};
+use virtnet_backend::{QueueId, QueueRuntime};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use vring::{
     Buf, Chain, DeviceQueue, DriverQueue, Features, GuestAddress, GuestMemory, IndirectArea,
@@ -606,6 +606,9 @@ fn check_bounds(
     );
     for id in QueueId::all(pairs).filter(|id| *id != QueueId::Ctrl) {
         let m = shared.queue_metrics(id);
-        assert!(!m.is_broken(), "data queue {id} broken by the control queue");
+        assert!(
+            !m.is_broken(),
+            "data queue {id} broken by the control queue"
+        );
     }
 }

@@ -1,7 +1,7 @@
 //! The `vhost_user` target: the backend's vhost-user protocol handler (rust-vmm `vhost`'s
-//! message layer dispatching to `virtnet::backend::vhost::Connection`) facing a hostile
+//! message layer dispatching to `virtnet_backend::vhost::Connection`) facing a hostile
 //! frontend, through a real unix socket pair and the same per-request loop as the backend's
-//! accept loop (`virtnet::backend::Session::serve_one`).
+//! accept loop (`virtnet_backend::Session::serve_one`).
 //!
 //! The input is a list of messages: a request code (one of those the spec defines, most of the
 //! time), header flags, a body built field by field (memory tables, ring addresses, ring
@@ -28,7 +28,7 @@ use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 
 use arbitrary::Arbitrary;
-use virtnet::backend::{BackendConfig, Device, IoMode, Session};
+use virtnet_backend::{BackendConfig, Device, IoMode, Session};
 use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 use vring::{GuestAddress, GuestMemory};

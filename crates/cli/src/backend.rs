@@ -8,7 +8,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use clap::{Args, ValueEnum};
-use virtnet::backend::{self, ctl, BackendConfig, Device, IoMode};
+use virtnet_backend::{ctl, BackendConfig, Device, IoMode};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum IoKind {
@@ -83,8 +83,8 @@ pub fn run(args: BackendArgs) -> Result<(), Box<dyn std::error::Error>> {
         (Some(IoKind::Echo), _) => IoMode::Echo,
         (None, None) => return Err("choose --tap NAME or --io null|echo".into()),
     };
-    let mac = virtnet::net::parse_mac(&args.mac)
-        .ok_or("--mac: expected six hex bytes like 52:54:00:12:34:56")?;
+    let mac =
+        vnet::parse_mac(&args.mac).ok_or("--mac: expected six hex bytes like 52:54:00:12:34:56")?;
     let config = BackendConfig {
         pairs: args.queues,
         io,
@@ -102,7 +102,7 @@ pub fn run(args: BackendArgs) -> Result<(), Box<dyn std::error::Error>> {
             UnixListener::bind(path)
                 .map_err(|e| format!("cannot listen on {}: {e}", path.display()))?
         }
-        (None, Some(fd)) => virtnet::sys::unix_listener_from_fd(fd)?,
+        (None, Some(fd)) => virtnet_sys::unix_listener_from_fd(fd)?,
         (None, None) => unreachable!("clap requires one"),
     };
     let device = Device::new(config).map_err(|e| format!("cannot set up the device: {e}"))?;
@@ -123,6 +123,6 @@ pub fn run(args: BackendArgs) -> Result<(), Box<dyn std::error::Error>> {
             .spawn(move || ctl::serve_metrics(d, l))?;
     }
     tracing::info!(pairs = args.queues, "virtnet backend ready");
-    backend::serve(device, listener, Arc::new(AtomicBool::new(false)))?;
+    virtnet_backend::serve(device, listener, Arc::new(AtomicBool::new(false)))?;
     Ok(())
 }

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use clap::{Args, Subcommand};
-use virtnet::backend::ctl::{request, Request};
+use virtnet_backend::ctl::{request, Request};
 
 #[derive(Debug, Args)]
 pub struct CtlArgs {

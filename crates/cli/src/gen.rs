@@ -1,4 +1,4 @@
-//! `virtnet gen`: the traffic generator on our driver ([`virtnet::gen`]), against any
+//! `virtnet gen`: the traffic generator on our driver ([`virtnet_driver::gen`]), against any
 //! vhost-user-net backend.
 
 use std::io::Write;
@@ -6,8 +6,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
-use virtnet::driver::CtrlMode;
-use virtnet::gen::{self, GenConfig, Mode};
+use virtnet_driver::gen::{self, GenConfig, Mode};
+use virtnet_driver::CtrlMode;
 
 #[derive(Debug, Args)]
 pub struct GenArgs {

@@ -18,20 +18,17 @@
 //! (`VIRTNET_GUEST_REQUIRE=1` turns a skip into a failure). The tests of this file run one at a
 //! time (a lock), since each guest wants a CPU. Recipe and pitfalls: docs/GUEST.md.
 
-#[path = "../../virtnet/tests/support/mod.rs"]
-mod support;
-
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use support::guest::{Guest, GuestConfig, GuestImage, GuestRun, Netdev, GUEST_REQUIREMENTS};
-use support::netns::{NetNs, TapSpec};
-use support::packages::{self, Requirement};
-use support::process::{run_checked, wait_for_path, Proc};
-use support::{report, ScratchDir};
+use testkit::guest::{Guest, GuestConfig, GuestImage, GuestRun, Netdev, GUEST_REQUIREMENTS};
+use testkit::netns::{NetNs, TapSpec};
+use testkit::packages::{self, Requirement};
+use testkit::process::{run_checked, wait_for_path, Proc};
+use testkit::{report, ScratchDir};
 
 const BIN: &str = env!("CARGO_BIN_EXE_virtnet");
 

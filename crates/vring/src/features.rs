@@ -1,11 +1,12 @@
-//! Feature bits: a 64-bit set with named bits taken from `virtio-bindings`, and negotiation.
+//! Feature bits: a 64-bit set with the transport and ring bits named (from `virtio-bindings`;
+//! a device type names its own, as `vnet::feature` does for virtio-net), and negotiation.
 //!
 //! Negotiation is the intersection of what the device offers and what the driver wants; a
 //! device refuses an acknowledgement that contains bits it never offered.
 
 use std::fmt;
 
-use virtio_bindings::{virtio_config as cfg, virtio_net as net, virtio_ring as ring};
+use virtio_bindings::{virtio_config as cfg, virtio_ring as ring};
 
 use crate::Error;
 
@@ -28,54 +29,9 @@ impl Features {
     pub const IN_ORDER: Features = bit(cfg::VIRTIO_F_IN_ORDER);
     pub const RING_INDIRECT_DESC: Features = bit(ring::VIRTIO_RING_F_INDIRECT_DESC);
     pub const RING_EVENT_IDX: Features = bit(ring::VIRTIO_RING_F_EVENT_IDX);
-    // Net device bits (spec 5.1.3).
-    pub const NET_CSUM: Features = bit(net::VIRTIO_NET_F_CSUM);
-    pub const NET_GUEST_CSUM: Features = bit(net::VIRTIO_NET_F_GUEST_CSUM);
-    pub const NET_CTRL_GUEST_OFFLOADS: Features = bit(net::VIRTIO_NET_F_CTRL_GUEST_OFFLOADS);
-    pub const NET_MTU: Features = bit(net::VIRTIO_NET_F_MTU);
-    pub const NET_MAC: Features = bit(net::VIRTIO_NET_F_MAC);
-    pub const NET_GUEST_TSO4: Features = bit(net::VIRTIO_NET_F_GUEST_TSO4);
-    pub const NET_GUEST_TSO6: Features = bit(net::VIRTIO_NET_F_GUEST_TSO6);
-    pub const NET_GUEST_ECN: Features = bit(net::VIRTIO_NET_F_GUEST_ECN);
-    pub const NET_GUEST_UFO: Features = bit(net::VIRTIO_NET_F_GUEST_UFO);
-    pub const NET_HOST_TSO4: Features = bit(net::VIRTIO_NET_F_HOST_TSO4);
-    pub const NET_HOST_TSO6: Features = bit(net::VIRTIO_NET_F_HOST_TSO6);
-    pub const NET_HOST_ECN: Features = bit(net::VIRTIO_NET_F_HOST_ECN);
-    pub const NET_HOST_UFO: Features = bit(net::VIRTIO_NET_F_HOST_UFO);
-    pub const NET_MRG_RXBUF: Features = bit(net::VIRTIO_NET_F_MRG_RXBUF);
-    pub const NET_STATUS: Features = bit(net::VIRTIO_NET_F_STATUS);
-    pub const NET_CTRL_VQ: Features = bit(net::VIRTIO_NET_F_CTRL_VQ);
-    pub const NET_CTRL_RX: Features = bit(net::VIRTIO_NET_F_CTRL_RX);
-    pub const NET_CTRL_VLAN: Features = bit(net::VIRTIO_NET_F_CTRL_VLAN);
-    pub const NET_GUEST_ANNOUNCE: Features = bit(net::VIRTIO_NET_F_GUEST_ANNOUNCE);
-    pub const NET_MQ: Features = bit(net::VIRTIO_NET_F_MQ);
-    pub const NET_CTRL_MAC_ADDR: Features = bit(net::VIRTIO_NET_F_CTRL_MAC_ADDR);
-    pub const NET_NOTF_COAL: Features = bit(net::VIRTIO_NET_F_NOTF_COAL);
-    pub const NET_VQ_NOTF_COAL: Features = bit(net::VIRTIO_NET_F_VQ_NOTF_COAL);
 
     /// Every named bit with its spec name, for display.
     const NAMES: &'static [(Features, &'static str)] = &[
-        (Self::NET_CSUM, "CSUM"),
-        (Self::NET_GUEST_CSUM, "GUEST_CSUM"),
-        (Self::NET_CTRL_GUEST_OFFLOADS, "CTRL_GUEST_OFFLOADS"),
-        (Self::NET_MTU, "MTU"),
-        (Self::NET_MAC, "MAC"),
-        (Self::NET_GUEST_TSO4, "GUEST_TSO4"),
-        (Self::NET_GUEST_TSO6, "GUEST_TSO6"),
-        (Self::NET_GUEST_ECN, "GUEST_ECN"),
-        (Self::NET_GUEST_UFO, "GUEST_UFO"),
-        (Self::NET_HOST_TSO4, "HOST_TSO4"),
-        (Self::NET_HOST_TSO6, "HOST_TSO6"),
-        (Self::NET_HOST_ECN, "HOST_ECN"),
-        (Self::NET_HOST_UFO, "HOST_UFO"),
-        (Self::NET_MRG_RXBUF, "MRG_RXBUF"),
-        (Self::NET_STATUS, "STATUS"),
-        (Self::NET_CTRL_VQ, "CTRL_VQ"),
-        (Self::NET_CTRL_RX, "CTRL_RX"),
-        (Self::NET_CTRL_VLAN, "CTRL_VLAN"),
-        (Self::NET_GUEST_ANNOUNCE, "GUEST_ANNOUNCE"),
-        (Self::NET_MQ, "MQ"),
-        (Self::NET_CTRL_MAC_ADDR, "CTRL_MAC_ADDR"),
         (Self::NOTIFY_ON_EMPTY, "NOTIFY_ON_EMPTY"),
         (Self::ANY_LAYOUT, "ANY_LAYOUT"),
         (Self::RING_INDIRECT_DESC, "RING_INDIRECT_DESC"),
@@ -84,8 +40,6 @@ impl Features {
         (Self::ACCESS_PLATFORM, "ACCESS_PLATFORM"),
         (Self::RING_PACKED, "RING_PACKED"),
         (Self::IN_ORDER, "IN_ORDER"),
-        (Self::NET_NOTF_COAL, "NOTF_COAL"),
-        (Self::NET_VQ_NOTF_COAL, "VQ_NOTF_COAL"),
     ];
 
     pub const fn contains(self, other: Features) -> bool {
@@ -163,22 +117,18 @@ mod tests {
         assert_eq!(Features::VERSION_1.0, 1 << 32);
         assert_eq!(Features::RING_EVENT_IDX.0, 1 << 29);
         assert_eq!(Features::RING_INDIRECT_DESC.0, 1 << 28);
-        assert_eq!(Features::NET_MRG_RXBUF.0, 1 << 15);
-        assert_eq!(Features::NET_VQ_NOTF_COAL.0, 1 << 52);
     }
 
     #[test]
     fn negotiation_is_the_intersection_and_the_device_refuses_unoffered_bits() {
-        let offered = Features::VERSION_1 | Features::RING_EVENT_IDX | Features::NET_MQ;
-        let wanted = Features::VERSION_1 | Features::RING_EVENT_IDX | Features::NET_CTRL_VQ;
+        let offered = Features::VERSION_1 | Features::RING_EVENT_IDX | Features(1 << 22);
+        let wanted = Features::VERSION_1 | Features::RING_EVENT_IDX | Features(1 << 17);
         let acked = Features::negotiate(offered, wanted);
         assert_eq!(acked, Features::VERSION_1 | Features::RING_EVENT_IDX);
         assert_eq!(Features::check_acked(offered, acked), Ok(acked));
         assert_eq!(
             Features::check_acked(offered, wanted),
-            Err(Error::UnofferedFeatures {
-                bits: Features::NET_CTRL_VQ.0
-            })
+            Err(Error::UnofferedFeatures { bits: 1 << 17 })
         );
     }
 

@@ -7,8 +7,8 @@
 use std::time::Duration;
 
 use serde::Serialize;
-use virtnet::backend::{BackendConfig, IoMode};
-use virtnet::gen::{GenReport, Mode};
+use virtnet_backend::{BackendConfig, IoMode};
+use virtnet_driver::gen::{GenReport, Mode};
 
 use super::common::{gen_config, process_cpu_s, run_gen, spread, LocalBackend, SeedComparison};
 use super::{Experiment, Options, Outcome, Progress};
@@ -98,7 +98,7 @@ fn one(busy_poll_us: u32, secs: f64, pinned: bool) -> Result<RrRun, BenchError> 
     // The generator's threads inherit the CPU mask of the thread that starts them.
     let r = std::thread::spawn(move || {
         if pinned {
-            virtnet::sys::pin_thread(0).map_err(BenchError::io("pin the driver to CPU 0"))?;
+            virtnet_sys::pin_thread(0).map_err(BenchError::io("pin the driver to CPU 0"))?;
         }
         run_gen(cfg)
     })

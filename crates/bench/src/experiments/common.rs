@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Serialize;
-use virtnet::backend::{self, BackendConfig, Device};
-use virtnet::gen::{self, GenConfig, GenReport};
+use virtnet_backend::{BackendConfig, Device};
+use virtnet_driver::gen::{self, GenConfig, GenReport};
 
 use crate::BenchError;
 
@@ -41,7 +41,7 @@ impl LocalBackend {
         let device = Device::new(config).map_err(BenchError::io("create the device"))?;
         let stop = Arc::new(AtomicBool::new(false));
         let (d, s) = (device.clone(), stop.clone());
-        std::thread::spawn(move || backend::serve(d, listener, s));
+        std::thread::spawn(move || virtnet_backend::serve(d, listener, s));
         Ok(LocalBackend {
             device,
             socket,
@@ -54,7 +54,7 @@ impl LocalBackend {
     pub fn counter(
         &self,
         kind: &str,
-        f: fn(&virtnet::backend::metrics::CountersSnapshot) -> u64,
+        f: fn(&virtnet_backend::metrics::CountersSnapshot) -> u64,
     ) -> u64 {
         self.device
             .reports()

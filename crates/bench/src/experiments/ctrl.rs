@@ -7,9 +7,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use virtnet::backend::{BackendConfig, IoMode};
-use virtnet::driver::{CtrlMode, DriverConfig, NetDriver};
-use virtnet::net::ctrl::{Coalesce, Command};
+use virtnet_backend::{BackendConfig, IoMode};
+use virtnet_driver::{CtrlMode, DriverConfig, NetDriver};
+use vnet::ctrl::{Coalesce, Command};
 
 use super::common::{spread, LocalBackend, SeedComparison};
 use super::{Experiment, Options, Outcome, Progress};
@@ -91,7 +91,7 @@ fn one(
         .map(|t| {
             let ctrl = Arc::clone(&ctrl);
             std::thread::spawn(move || -> Result<u64, String> {
-                let cpu0 = virtnet::sys::thread_cpu_ns();
+                let cpu0 = virtnet_sys::thread_cpu_ns();
                 for i in 0..per_thread {
                     let coal = Coalesce {
                         max_packets: (t * 1000 + i) as u32,
@@ -100,7 +100,7 @@ fn one(
                     ctrl.execute(Command::VqNotfCoalSet { vqn: 0, coal })
                         .map_err(|e| e.to_string())?;
                 }
-                Ok(virtnet::sys::thread_cpu_ns() - cpu0)
+                Ok(virtnet_sys::thread_cpu_ns() - cpu0)
             })
         })
         .collect();

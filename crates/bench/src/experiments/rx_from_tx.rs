@@ -4,8 +4,8 @@
 //! (`gen io`, sleeping on interrupts) transmits 1500 B frames and receives 1500 B frames.
 
 use serde::Serialize;
-use virtnet::backend::{BackendConfig, IoMode};
-use virtnet::gen::Mode;
+use virtnet_backend::{BackendConfig, IoMode};
+use virtnet_driver::gen::Mode;
 
 use super::common::{count, gen_config, run_gen, spread, LocalBackend, SeedComparison};
 use super::{Experiment, Options, Outcome, Progress};

@@ -1,7 +1,7 @@
 //! Experiment 6, tx completion handling (seed 002): our driver transmits 64 B frames as fast
 //! as it can to our backend (null io), sleeping on the tx interrupt whenever the queue stops.
 //! Seed 002 changed three things in virtio_net's transmit path, each with its switch in
-//! [`virtnet::driver::TxQueue`]:
+//! [`virtnet_driver::TxQueue`]:
 //!
 //! - delayed callbacks (`set_delayed_callbacks`): tx interrupts are off while the queue runs,
 //!   and a stopped queue asks for one once 3/4 of what is in flight has completed. Off: tx
@@ -18,9 +18,9 @@
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use virtnet::backend::{BackendConfig, IoMode};
-use virtnet::driver::{DriverConfig, NetDriver};
-use virtnet::net::NetHdr;
+use virtnet_backend::{BackendConfig, IoMode};
+use virtnet_driver::{DriverConfig, NetDriver};
+use vnet::NetHdr;
 
 use super::common::{count, spread, LocalBackend};
 use super::{Experiment, Options, Outcome, Progress};

@@ -3,8 +3,8 @@
 //! after every used entry (batch 1) or every 64.
 
 use serde::Serialize;
-use virtnet::backend::{BackendConfig, IoMode};
-use virtnet::gen::Mode;
+use virtnet_backend::{BackendConfig, IoMode};
+use virtnet_driver::gen::Mode;
 
 use super::common::{count, gen_config, run_gen, spread, LocalBackend, SeedComparison};
 use super::{Experiment, Options, Outcome, Progress};

@@ -1,0 +1,263 @@
+//! The device side of the control virtqueue (spec 5.1.6.5): MQ VQ_PAIRS_SET, the receive
+//! filter (RX promisc/allmulti, MAC_ADDR_SET) and notification coalescing (NOTF_COAL,
+//! VQ_NOTF_COAL SET/GET), on a thread of its own.
+//!
+//! Each command answers in its own chain: a reply (VQ_NOTF_COAL GET) at the start of the
+//! writable part and the ack in its last byte. A command the device cannot decode or apply is
+//! acked ERR; only a chain the ring engine refuses breaks the queue. `ctrl_delay_us` makes the
+//! device slow on purpose, for the benchmark of polling against interrupt-driven completion.
+
+use std::os::fd::AsRawFd;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::Duration;
+
+use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
+use vring::{Chain, Error as RingError, GuestMemory, Segment};
+
+use super::device::Shared;
+use super::error::Error;
+use super::queue::{break_queue, install_queue, notify, retire_queue, QueueId, QueueRuntime};
+use super::thread::{Command, Inbox};
+use vnet::ctrl::{self, Coalesce, Command as CtrlCommand};
+
+/// Commands are a few bytes; anything longer than this is refused without reading it all.
+const MAX_COMMAND: u64 = 4096;
+
+const EV_WAKE: u64 = 0;
+const EV_KICK: u64 = 1;
+
+/// The control queue's worker thread.
+#[derive(Debug)]
+pub struct CtrlWorker {
+    shared: Arc<Shared>,
+    inbox: Inbox,
+    epoll: Epoll,
+    queue: Option<QueueRuntime>,
+    chain: Chain,
+}
+
+/// Writes `bytes` at `offset` of the writable part of `segs`.
+fn write_at(
+    mem: &GuestMemory,
+    segs: &[Segment],
+    mut offset: u64,
+    mut bytes: &[u8],
+) -> Result<(), RingError> {
+    for s in segs {
+        if bytes.is_empty() {
+            break;
+        }
+        if offset >= s.len as u64 {
+            offset -= s.len as u64;
+            continue;
+        }
+        let n = bytes.len().min((s.len as u64 - offset) as usize);
+        let at = vring::GuestAddress(s.addr.0 + offset);
+        mem.write(at, &bytes[..n])?;
+        bytes = &bytes[n..];
+        offset = 0;
+    }
+    Ok(())
+}
+
+/// Handles every command pending on the control queue `q`; returns how many. Each gets its
+/// ack at once; a chain the ring engine refuses breaks the queue (and nothing more is done on
+/// it until the frontend restarts it). The control thread calls this on every wake-up; it is
+/// public so that the control-queue fuzz target can drive the device without the thread.
+pub fn process_commands(shared: &Shared, q: &mut QueueRuntime, chain: &mut Chain) -> usize {
+    if !q.usable() {
+        return 0;
+    }
+    let mut done = 0;
+    loop {
+        // Control commands are rare and latency-bound: answer each one at once.
+        q.queue.set_used_batch(1);
+        match q.queue.pop_into(chain) {
+            Ok(true) => {}
+            Ok(false) => return done,
+            Err(e) => {
+                break_queue(q, &e.into());
+                return done;
+            }
+        }
+        let delay = shared.config.ctrl_delay_us;
+        if delay > 0 {
+            std::thread::sleep(Duration::from_micros(delay as u64));
+        }
+        let result = CtrlWorker::answer(shared, q.queue.memory(), chain);
+        let c = &q.metrics.counters;
+        q.metrics.add(&c.ctrl_commands, 1);
+        let (written, refused) = result;
+        if let Some(e) = refused {
+            tracing::debug!(error = %e, "control command refused");
+            q.metrics.add(&c.ctrl_errors, 1);
+        }
+        if let Err(e) = q.queue.add_used(chain.head(), written) {
+            break_queue(q, &e.into());
+            return done;
+        }
+        notify(q);
+        done += 1;
+    }
+}
+
+impl CtrlWorker {
+    pub fn new(shared: Arc<Shared>, inbox: Inbox) -> std::io::Result<CtrlWorker> {
+        Ok(CtrlWorker {
+            shared,
+            inbox,
+            epoll: Epoll::new()?,
+            queue: None,
+            chain: Chain::new(),
+        })
+    }
+
+    /// Runs until shut down, or until its epoll set fails (then no control queue can run).
+    pub fn run(&mut self) -> Result<(), Error> {
+        self.epoll
+            .ctl(
+                ControlOperation::Add,
+                self.inbox.wake.as_raw_fd(),
+                EpollEvent::new(EventSet::IN, EV_WAKE),
+            )
+            .map_err(Error::host("building the control worker's epoll set"))?;
+        let mut events = vec![EpollEvent::default(); 4];
+        loop {
+            if self.inbox.take_pending() && !self.handle_commands() {
+                return Ok(());
+            }
+            if self.process() > 0 {
+                continue;
+            }
+            if let Some(q) = self.queue.as_mut().filter(|q| q.usable()) {
+                match q.queue.enable_notification() {
+                    Ok(true) => continue,
+                    Ok(false) => {}
+                    Err(e) => break_queue(q, &e.into()),
+                }
+            }
+            let n = match self.epoll.wait(-1, &mut events) {
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => 0,
+                Err(e) => return Err(Error::host("waiting in epoll")(e)),
+            };
+            for ev in &events[..n] {
+                match ev.data() {
+                    EV_WAKE => {
+                        let _ = self.inbox.wake.read();
+                    }
+                    EV_KICK => self.queue.iter().for_each(QueueRuntime::take_kick),
+                    _ => {}
+                }
+            }
+            if let Some(q) = self.queue.as_mut() {
+                q.queue.disable_notification();
+            }
+        }
+    }
+
+    /// Applies start/stop requests; returns false on shutdown.
+    fn handle_commands(&mut self) -> bool {
+        while let Some(cmd) = self.inbox.next() {
+            match cmd {
+                Command::Start(q) => install_queue(&self.epoll, &mut self.queue, *q, EV_KICK),
+                Command::Stop { reply, .. } => {
+                    let _ = reply.send(self.queue.take().map(|q| retire_queue(&self.epoll, q)));
+                }
+                Command::Shutdown => return false,
+            }
+        }
+        true
+    }
+
+    /// Handles every pending command; returns how many.
+    fn process(&mut self) -> usize {
+        match self.queue.as_mut() {
+            Some(q) => process_commands(&self.shared, q, &mut self.chain),
+            None => 0,
+        }
+    }
+
+    /// Decodes, applies and acks one command chain. Returns the used length, which covers the
+    /// ack in the last writable byte, and why the command was refused, if it was.
+    fn answer(shared: &Shared, mem: &GuestMemory, chain: &Chain) -> (u32, Option<String>) {
+        let writable = chain.writable_len();
+        if writable == 0 {
+            return (0, Some("no room for the ack".into()));
+        }
+        let (ack, reply) = match Self::read_command(mem, chain) {
+            Ok(cmd) if (writable as usize) < cmd.reply_len() + 1 => (
+                ctrl::ERR,
+                Err(format!(
+                    "{cmd:?} needs {} writable bytes",
+                    cmd.reply_len() + 1
+                )),
+            ),
+            Ok(cmd) => match Self::apply(shared, cmd) {
+                Ok(reply) => (ctrl::OK, Ok(reply)),
+                Err(e) => (ctrl::ERR, Err(e)),
+            },
+            Err(e) => (ctrl::ERR, Err(e)),
+        };
+        let segs = chain.writable();
+        if let Ok(Some(r)) = &reply {
+            if let Err(e) = write_at(mem, segs, 0, r) {
+                return (0, Some(e.to_string()));
+            }
+        }
+        if let Err(e) = write_at(mem, segs, writable - 1, &[ack]) {
+            return (0, Some(e.to_string()));
+        }
+        // The chain's writable size is bounded by the engine's total-length check (u32).
+        (writable as u32, reply.err())
+    }
+
+    fn read_command(mem: &GuestMemory, chain: &Chain) -> Result<CtrlCommand, String> {
+        if chain.readable_len() > MAX_COMMAND {
+            return Err(format!("command of {} bytes", chain.readable_len()));
+        }
+        let mut buf = vec![0u8; chain.readable_len() as usize];
+        let mut at = 0;
+        for s in chain.readable() {
+            mem.read(s.addr, &mut buf[at..at + s.len as usize])
+                .map_err(|e| e.to_string())?;
+            at += s.len as usize;
+        }
+        CtrlCommand::decode(&buf).map_err(|e| e.to_string())
+    }
+
+    /// Applies a command to the device; returns the reply bytes of a GET.
+    fn apply(shared: &Shared, cmd: CtrlCommand) -> Result<Option<[u8; 8]>, String> {
+        let pairs = shared.config.pairs;
+        let set_every = |of_pair: fn(u16) -> QueueId, coal: Coalesce| {
+            (0..pairs).for_each(|p| shared.queue_metrics(of_pair(p)).set_coalesce(coal));
+        };
+        // VQ_NOTF_COAL names a data virtqueue by its index.
+        let data_queue = |vqn: u16| match QueueId::from_index(vqn as usize, pairs) {
+            Some(QueueId::Ctrl) | None => Err(format!("no data queue {vqn}")),
+            Some(q) => Ok(shared.queue_metrics(q)),
+        };
+        match cmd {
+            CtrlCommand::VqPairsSet(n) => {
+                if n == 0 || n > pairs {
+                    return Err(format!("VQ_PAIRS_SET {n}: the device has {pairs} pairs"));
+                }
+                shared.set_active_pairs(n).map_err(|e| e.to_string())?;
+            }
+            CtrlCommand::RxPromisc(on) => shared.promisc.store(on, Relaxed),
+            CtrlCommand::RxAllmulti(on) => shared.allmulti.store(on, Relaxed),
+            CtrlCommand::MacAddrSet(mac) => {
+                shared.mac.store(super::device::mac_to_u64(mac), Relaxed)
+            }
+            CtrlCommand::NotfCoalTx(c) => set_every(QueueId::Tx, c),
+            CtrlCommand::NotfCoalRx(c) => set_every(QueueId::Rx, c),
+            CtrlCommand::VqNotfCoalSet { vqn, coal } => data_queue(vqn)?.set_coalesce(coal),
+            CtrlCommand::VqNotfCoalGet { vqn } => {
+                let coal = data_queue(vqn)?.coalesce();
+                return Ok(Some(CtrlCommand::encode_reply(coal)));
+            }
+        }
+        Ok(None)
+    }
+}

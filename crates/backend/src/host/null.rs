@@ -1,0 +1,128 @@
+//! The `null` port: guest tx is dropped, guest rx is filled with one generated frame over and
+//! over, as fast as the guest posts buffers. It measures the data path without a host below.
+
+use vring::{Chain, Error as RingError, GuestMemory};
+
+use super::{Host, Received, Sent};
+use crate::device::Shared;
+use crate::queue::QueueRuntime;
+use crate::rx::RxPath;
+use vnet::NetHdr;
+
+#[derive(Debug)]
+pub struct NullPort {
+    /// Frame bytes after the header, at least 60 (a minimal Ethernet frame).
+    size: usize,
+    pair: u16,
+    /// The frame, header first, for the rx queue's header length.
+    frame: Vec<u8>,
+}
+
+impl NullPort {
+    pub fn new(size: usize, pair: u16) -> NullPort {
+        let mut port = NullPort {
+            size,
+            pair,
+            frame: Vec::new(),
+        };
+        port.build_frame(vnet::HDR_LEN);
+        port
+    }
+
+    /// A broadcast frame of the IEEE local experimental ethertype from a MAC naming the pair.
+    fn build_frame(&mut self, hdr_len: usize) {
+        let mut f = vec![0u8; hdr_len + self.size.max(60)];
+        let h = NetHdr {
+            num_buffers: 1,
+            ..NetHdr::default()
+        }
+        .to_bytes();
+        f[..hdr_len].copy_from_slice(&h[..hdr_len]);
+        let eth = &mut f[hdr_len..];
+        eth[..6].copy_from_slice(&[0xff; 6]);
+        eth[6..12].copy_from_slice(&[0x02, 0, 0, 0, 0, self.pair as u8]);
+        eth[12..14].copy_from_slice(&0x88b5u16.to_be_bytes());
+        self.frame = f;
+    }
+}
+
+impl Host for NullPort {
+    fn rx_started(&mut self, rx: &QueueRuntime) {
+        self.build_frame(vnet::hdr_len(rx.queue.config().features()));
+    }
+
+    fn send(
+        &mut self,
+        _mem: &GuestMemory,
+        _chain: &Chain,
+        _rx: &mut RxPath,
+        _shared: &Shared,
+    ) -> Result<Sent, RingError> {
+        Ok(Sent::Taken)
+    }
+
+    fn receive(
+        &mut self,
+        rx: &mut RxPath,
+        shared: &Shared,
+        room: usize,
+    ) -> Result<Received, RingError> {
+        let payload = self.frame.len().saturating_sub(rx.hdr_len()) as u64;
+        let mut frames = rx.deliver_burst(shared, &mut self.frame, room)?;
+        if frames == 0 && rx.deliver(shared, &mut self.frame)? {
+            frames = 1;
+        }
+        Ok(Received {
+            frames,
+            bytes: frames as u64 * payload,
+        })
+    }
+
+    fn has_frames(&self) -> bool {
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use testkit::Pair;
+    use vnet::feature;
+    use vring::Features;
+
+    use super::*;
+    use crate::queue::QueueId;
+    use crate::testing::{post_rx, setup, shared, used};
+
+    #[test]
+    fn rx_is_filled_with_the_generated_frame_up_to_the_room_given() {
+        let f = Features::VERSION_1.union(feature::MRG_RXBUF);
+        let mut s = setup(QueueId::Rx(0), f);
+        post_rx(&mut s.driver, 10, 256);
+        let mut port = NullPort::new(64, 3);
+        port.rx_started(&s.runtime);
+        let mut rx = RxPath::with_queue(s.runtime);
+        let got = port.receive(&mut rx, &shared(), 6).unwrap();
+        assert_eq!((got.frames, got.bytes), (6, 6 * 64));
+        let got = port.receive(&mut rx, &shared(), 6).unwrap();
+        assert_eq!(got.frames, 4, "only 4 buffers left");
+        assert_eq!(port.receive(&mut rx, &shared(), 6).unwrap().frames, 0);
+        rx.queue.as_mut().unwrap().queue.flush();
+        let used = used(&mut s.driver);
+        assert_eq!(used.len(), 10);
+        assert!(used
+            .iter()
+            .all(|&(_, len)| len as usize == vnet::HDR_LEN + 64));
+        // Broadcast, from a MAC that names the pair.
+        let mut eth = [0u8; 12];
+        s.mem
+            .read(
+                Pair::buf(0, 0)
+                    .addr
+                    .checked_add(vnet::HDR_LEN as u64)
+                    .unwrap(),
+                &mut eth,
+            )
+            .unwrap();
+        assert_eq!(eth, [0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 2, 0, 0, 0, 0, 3]);
+    }
+}

@@ -1,0 +1,40 @@
+//! `virtnet backend`: a vhost-user-net device. It serves one frontend at a time (QEMU, DPDK
+//! virtio-user, our own driver) over a unix socket, and forwards frames to a TAP device or
+//! to the `null` / `echo` generators.
+//!
+//! The parts, from the socket down (each uses only those below it):
+//! - [`session`]: accepting frontends and serving one connection's requests;
+//! - [`vhost`]: the vhost-user protocol state of a connection; [`status`]: SET/GET_STATUS;
+//! - [`device`]: the device's configuration, shared state and worker threads;
+//! - [`ctrlq`]: the control virtqueue (spec 5.1.6.5) on its own thread;
+//! - [`worker`]: the data path of one queue pair (turns, busy polling, sleeping);
+//! - [`rx`]: guest receive into posted buffers; [`host`]: the host ports (tap, null, echo);
+//! - [`thread`]: a worker's thread and command channel; [`queue`]: a running queue, its
+//!   notifications and coalescing;
+//! - [`metrics`]: per-queue counters, JSON and Prometheus; [`ctl`]: the control socket of
+//!   `virtnet ctl`, and /metrics; [`error`]: why a queue broke.
+
+#![forbid(unsafe_code)]
+
+pub mod ctl;
+pub mod ctrlq;
+pub mod device;
+pub mod error;
+pub mod host;
+pub mod metrics;
+pub mod queue;
+pub mod rx;
+pub mod session;
+pub mod status;
+#[cfg(test)]
+mod testing;
+pub mod thread;
+pub mod vhost;
+pub mod worker;
+
+pub use device::{
+    device_features, BackendConfig, Device, DeviceReport, IoMode, Shared, PROTOCOL_FEATURES,
+};
+pub use error::Error;
+pub use queue::{QueueId, QueueRuntime};
+pub use session::{serve, serve_connection, RequestHandler, Session};

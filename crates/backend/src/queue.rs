@@ -1,0 +1,344 @@
+//! A running virtqueue as a worker holds it: the engine's `DeviceQueue`, its notification
+//! fds (kick, call, err), its metrics, and notification coalescing (NOTF_COAL, VIRTIO 1.2
+//! 5.1.6.5.6).
+//!
+//! The queue's life on a worker: [`install_queue`] when the frontend starts it,
+//! [`notify`] after each turn that used buffers, [`break_queue`] when the guest (or the host)
+//! makes it unusable, [`retire_queue`] when the frontend stops it.
+
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
+use vmm_sys_util::eventfd::EventFd;
+use vring::DeviceQueue;
+
+use super::error::Error;
+use super::metrics::QueueMetrics;
+
+/// A running queue handed to a worker, with its notification fds and metrics.
+#[derive(Debug)]
+pub struct QueueRuntime {
+    pub id: QueueId,
+    pub queue: DeviceQueue,
+    pub kick: EventFd,
+    pub call: Option<EventFd>,
+    pub err: Option<EventFd>,
+    pub metrics: Arc<QueueMetrics>,
+    /// Notification coalescing: a call the driver asked for but we hold back, since when,
+    /// and the used count at the last call.
+    held_since: Option<Instant>,
+    used_at_last_call: u64,
+    /// The engine's used-index store count already added to the metrics.
+    stores_reported: u64,
+}
+
+impl QueueRuntime {
+    pub fn new(
+        id: QueueId,
+        queue: DeviceQueue,
+        kick: EventFd,
+        call: Option<EventFd>,
+        err: Option<EventFd>,
+        metrics: Arc<QueueMetrics>,
+    ) -> QueueRuntime {
+        let used_at_last_call = queue.stats().used;
+        let stores_reported = queue.stats().used_idx_stores;
+        QueueRuntime {
+            id,
+            queue,
+            kick,
+            call,
+            err,
+            metrics,
+            held_since: None,
+            used_at_last_call,
+            stores_reported,
+        }
+    }
+
+    /// Whether the queue still works: neither the engine nor [`break_queue`] has marked it
+    /// broken.
+    pub fn usable(&self) -> bool {
+        self.queue.broken().is_none() && !self.metrics.is_broken()
+    }
+
+    fn fire(&mut self) {
+        if let Some(call) = &self.call {
+            if call.write(1).is_err() {
+                self.metrics.add(&self.metrics.counters.call_errors, 1);
+            }
+        }
+        self.metrics.add(&self.metrics.counters.calls, 1);
+        if self.held_since.take().is_some() {
+            self.metrics.add(&self.metrics.counters.calls_coalesced, 1);
+        }
+        self.used_at_last_call = self.queue.stats().used;
+    }
+
+    /// When the held call is due, if one is held.
+    pub fn call_deadline(&self) -> Option<Instant> {
+        let since = self.held_since?;
+        Some(since + Duration::from_micros(self.metrics.coalesce().max_usecs as u64))
+    }
+
+    /// Sends the held call if its time has come.
+    pub fn fire_if_due(&mut self, now: Instant) {
+        if self.call_deadline().is_some_and(|d| now >= d) {
+            self.fire();
+        }
+    }
+
+    /// Consumes a kick: reads the kick eventfd and counts it.
+    pub fn take_kick(&self) {
+        if self.kick.read().is_ok() {
+            self.metrics.add(&self.metrics.counters.kicks, 1);
+        }
+    }
+}
+
+/// Puts a started queue in `slot` and watches its kick under epoll tag `tag`; a queue it
+/// replaces is retired. A queue whose kick cannot be watched would never run: it is installed
+/// broken, so the frontend hears of it (err eventfd, NEEDS_RESET) instead of waiting.
+pub fn install_queue(epoll: &Epoll, slot: &mut Option<QueueRuntime>, q: QueueRuntime, tag: u64) {
+    q.metrics.clear_broken();
+    let watched = epoll.ctl(
+        ControlOperation::Add,
+        q.kick.as_raw_fd(),
+        EpollEvent::new(EventSet::IN, tag),
+    );
+    if let Err(e) = watched {
+        break_queue(&q, &Error::host("watching the kick eventfd")(e));
+    }
+    if let Some(old) = slot.replace(q) {
+        retire_queue(epoll, old);
+    }
+}
+
+/// Stops a queue: publishes its used batch, sends a call held back by coalescing, stops
+/// watching its kick, and returns its next avail index (what GET_VRING_BASE reports).
+pub fn retire_queue(epoll: &Epoll, mut q: QueueRuntime) -> u16 {
+    q.queue.flush();
+    if q.held_since.is_some() {
+        q.fire();
+    }
+    // The kick may not be watched (see install_queue): nothing to undo then.
+    let _ = epoll.ctl(
+        ControlOperation::Delete,
+        q.kick.as_raw_fd(),
+        EpollEvent::default(),
+    );
+    q.queue.next_avail()
+}
+
+/// Marks a queue broken: logs once, counts, signals the frontend's error eventfd. The
+/// engine refuses every later call on a queue the guest broke; a host failure is recorded
+/// here, and the worker stops serving the queue from its metrics' broken flag.
+pub fn break_queue(q: &QueueRuntime, e: &Error) {
+    if q.metrics.set_broken(e.to_string()) {
+        tracing::error!(queue = %q.id, error = %e, "queue broken; it stays stopped until reset");
+        if let Some(err) = &q.err {
+            if err.write(1).is_err() {
+                q.metrics.add(&q.metrics.counters.call_errors, 1);
+            }
+        }
+    }
+}
+
+/// Publishes the used batch and sends the call if the driver asked for it, unless
+/// coalescing holds it back: then it goes once `max_packets` completions accumulate or
+/// `max_usecs` pass (the worker's timer), whichever is first. A held call is never dropped:
+/// with EVENT_IDX the driver will not ask again until it has been woken.
+pub fn notify(q: &mut QueueRuntime) {
+    let need = q.queue.needs_notification();
+    // Every used.idx store, including those add_used made when a batch filled.
+    let stores = q.queue.stats().used_idx_stores;
+    q.metrics.add(
+        &q.metrics.counters.batches_flushed,
+        stores - q.stores_reported,
+    );
+    q.stores_reported = stores;
+    let coal = q.metrics.coalesce();
+    if need && coal.is_off() {
+        q.fire();
+        return;
+    }
+    if need && q.held_since.is_none() {
+        q.held_since = Some(Instant::now());
+    }
+    if q.held_since.is_none() {
+        q.metrics.add(&q.metrics.counters.calls_suppressed, 1);
+        return;
+    }
+    let used = q.queue.stats().used - q.used_at_last_call;
+    if coal.is_off() || (coal.max_packets > 0 && used >= coal.max_packets as u64) {
+        q.fire();
+    } else {
+        q.fire_if_due(Instant::now());
+    }
+}
+
+/// A device queue by its role (VIRTIO 1.2 5.1.2): receiveq and transmitq of each pair, then
+/// the control queue. Decoded once from a virtqueue index, in the vhost-user layer; the
+/// rest of the backend never does index arithmetic.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum QueueId {
+    Rx(u16),
+    Tx(u16),
+    Ctrl,
+}
+
+impl QueueId {
+    /// The role of device queue `index` on a device of `pairs` pairs: `2p` is rx of pair p,
+    /// `2p + 1` its tx, `2 * pairs` the control queue. None past that.
+    pub fn from_index(index: usize, pairs: u16) -> Option<QueueId> {
+        let data = 2 * pairs as usize;
+        let pair = (index / 2) as u16;
+        match index {
+            i if i < data && i % 2 == 0 => Some(QueueId::Rx(pair)),
+            i if i < data => Some(QueueId::Tx(pair)),
+            i if i == data => Some(QueueId::Ctrl),
+            _ => None,
+        }
+    }
+
+    /// The device queue index, the inverse of [`QueueId::from_index`].
+    pub fn index(self, pairs: u16) -> usize {
+        match self {
+            QueueId::Rx(p) => 2 * p as usize,
+            QueueId::Tx(p) => 2 * p as usize + 1,
+            QueueId::Ctrl => 2 * pairs as usize,
+        }
+    }
+
+    /// Every queue of a device with `pairs` pairs, in index order.
+    pub fn all(pairs: u16) -> impl Iterator<Item = QueueId> {
+        (0..=2 * pairs as usize).filter_map(move |i| QueueId::from_index(i, pairs))
+    }
+
+    /// The pair of a data queue.
+    pub fn pair(self) -> Option<u16> {
+        match self {
+            QueueId::Rx(p) | QueueId::Tx(p) => Some(p),
+            QueueId::Ctrl => None,
+        }
+    }
+
+    /// "rx", "tx" or "ctrl", as reports name them.
+    pub fn kind(self) -> &'static str {
+        match self {
+            QueueId::Rx(_) => "rx",
+            QueueId::Tx(_) => "tx",
+            QueueId::Ctrl => "ctrl",
+        }
+    }
+}
+
+impl std::fmt::Display for QueueId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            QueueId::Rx(p) => write!(f, "rx{p}"),
+            QueueId::Tx(p) => write!(f, "tx{p}"),
+            QueueId::Ctrl => f.write_str("ctrl"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering::Relaxed;
+
+    use vring::Features;
+
+    use super::*;
+    use crate::testing::{post_rx, setup};
+    use vnet::ctrl::Coalesce;
+
+    /// The device uses one posted buffer and notifies; returns whether a call went out.
+    fn use_one(q: &mut QueueRuntime) -> bool {
+        let chain = q.queue.pop().unwrap().expect("a posted buffer");
+        q.queue.add_used(chain.head(), 10).unwrap();
+        let before = q.metrics.counters.calls.load(Relaxed);
+        notify(q);
+        q.metrics.counters.calls.load(Relaxed) > before
+    }
+
+    #[test]
+    fn a_call_goes_out_when_the_driver_asks_and_coalescing_holds_it_to_max_packets() {
+        let mut s = setup(QueueId::Rx(0), Features::VERSION_1);
+        post_rx(&mut s.driver, 8, 64);
+        let q = &mut s.runtime;
+        assert!(
+            use_one(q),
+            "no coalescing: a call per notify the driver asked for"
+        );
+        q.metrics.set_coalesce(Coalesce {
+            max_packets: 3,
+            max_usecs: 1_000_000,
+        });
+        assert!(!use_one(q) && !use_one(q), "held back below max_packets");
+        assert!(q.call_deadline().is_some());
+        assert!(use_one(q), "sent at the third completion");
+        assert_eq!(q.metrics.counters.calls_coalesced.load(Relaxed), 1);
+        assert!(q.call_deadline().is_none());
+    }
+
+    #[test]
+    fn a_held_call_is_sent_at_its_deadline_and_when_the_queue_is_retired() {
+        let mut s = setup(QueueId::Tx(0), Features::VERSION_1);
+        post_rx(&mut s.driver, 4, 64);
+        let q = &mut s.runtime;
+        q.metrics.set_coalesce(Coalesce {
+            max_packets: 0,
+            max_usecs: 50,
+        });
+        assert!(!use_one(q));
+        let due = q.call_deadline().expect("held");
+        q.fire_if_due(due - Duration::from_micros(1));
+        assert!(q.call_deadline().is_some(), "not yet due");
+        q.fire_if_due(due);
+        assert!(q.call_deadline().is_none());
+        assert_eq!(q.metrics.counters.calls.load(Relaxed), 1);
+        // Retiring sends what is still held, and reports where the device stopped.
+        assert!(!use_one(q));
+        let metrics = q.metrics.clone();
+        let next = retire_queue(&Epoll::new().unwrap(), s.runtime);
+        assert_eq!(metrics.counters.calls.load(Relaxed), 2);
+        assert_eq!(next, 2);
+    }
+
+    #[test]
+    fn breaking_a_queue_reports_once_and_it_is_no_longer_usable() {
+        let s = setup(QueueId::Tx(1), Features::VERSION_1);
+        let q = &s.runtime;
+        assert!(q.usable());
+        let e = Error::host("a test")(std::io::Error::from_raw_os_error(libc::EBADF));
+        break_queue(q, &e);
+        break_queue(q, &e);
+        assert!(!q.usable());
+        assert_eq!(s.err.read().unwrap(), 1, "one err eventfd signal");
+        let reason = q.metrics.broken_reason().unwrap();
+        assert!(reason.starts_with("host: a test:"), "{reason}");
+    }
+
+    #[test]
+    fn queue_ids_follow_the_spec_numbering_and_round_trip() {
+        // VIRTIO 1.2 5.1.2: receiveq1 transmitq1 ... receiveqN transmitqN controlq.
+        let ids: Vec<_> = QueueId::all(2).collect();
+        use QueueId::*;
+        assert_eq!(ids, [Rx(0), Tx(0), Rx(1), Tx(1), Ctrl]);
+        for (i, id) in ids.iter().enumerate() {
+            assert_eq!(QueueId::from_index(i, 2), Some(*id));
+            assert_eq!(id.index(2), i);
+        }
+        assert_eq!(QueueId::from_index(5, 2), None);
+        assert_eq!(QueueId::from_index(2, 1), Some(Ctrl));
+        assert_eq!((Tx(3).pair(), Ctrl.pair()), (Some(3), None));
+        assert_eq!(
+            [Rx(0).kind(), Tx(0).kind(), Ctrl.kind()],
+            ["rx", "tx", "ctrl"]
+        );
+        assert_eq!(Tx(1).to_string(), "tx1");
+    }
+}

@@ -1,0 +1,506 @@
+//! The vhost-user protocol state of one frontend connection (vhost-user spec, "Back-end
+//! message types"), on rust-vmm `vhost`'s message layer.
+//!
+//! Every value here comes from the frontend and is checked before use: queue indices against
+//! the queue count, sizes by `QueueConfig`, ring addresses by translation through the memory
+//! table and then by `DeviceQueue::activate`. A queue runs when it has a kick fd, an address,
+//! a memory table and is enabled; GET_VRING_BASE stops it; SET_MEM_TABLE quiesces and
+//! restarts the running queues around the swap.
+
+use std::fs::File;
+use std::sync::Arc;
+
+use vhost::vhost_user::message::{
+    VhostTransferStateDirection, VhostTransferStatePhase, VhostUserConfigFlags, VhostUserInflight,
+    VhostUserLog, VhostUserMemoryRegion, VhostUserProtocolFeatures, VhostUserShMemConfig,
+    VhostUserSharedMsg, VhostUserSingleMemoryRegion, VhostUserVirtioFeatures,
+    VhostUserVringAddrFlags, VhostUserVringState,
+};
+use vhost::vhost_user::{
+    Backend, Error as VuError, GpuBackend, Result as VuResult, VhostUserBackendReqHandlerMut,
+};
+use vhost::VhostUserMemoryRegionBase;
+use vmm_sys_util::eventfd::EventFd;
+use vnet::feature;
+use vring::memory::RegionSource;
+use vring::{DeviceQueue, Features, GuestAddress, GuestMemory, QueueConfig, RingAddresses};
+
+use super::device::Device;
+use super::queue::{QueueId, QueueRuntime};
+use virtnet_sys::tap::TapOffloads;
+use vnet::{NetConfig, NET_S_LINK_UP};
+
+/// What the frontend set up for one virtqueue.
+#[derive(Debug, Default)]
+struct VringSetup {
+    num: u32,
+    /// desc, avail, used in the frontend's virtual address space.
+    addrs: Option<(u64, u64, u64)>,
+    base: u16,
+    kick: Option<EventFd>,
+    call: Option<EventFd>,
+    err: Option<EventFd>,
+    enabled: bool,
+    running: bool,
+}
+
+/// One connection's protocol state.
+#[derive(Debug)]
+pub struct Connection {
+    device: Arc<Device>,
+    acked_features: Features,
+    acked_protocol: VhostUserProtocolFeatures,
+    features_set: bool,
+    mem: Option<Arc<GuestMemory>>,
+    vrings: Vec<VringSetup>,
+    /// Set when a request that needs a reply failed: the frontend would wait forever for an
+    /// answer we did not send, so the connection must close.
+    pub must_disconnect: bool,
+    /// QEMU 7.2 sends SET_VRING_ENABLE before SET_FEATURES; rust-vmm `vhost` refuses it then
+    /// (PROTOCOL_FEATURES not acked yet) without telling us which ring. When that happened,
+    /// the rings start enabled once the features arrive, as the frontend believes they are.
+    pub enable_before_features: bool,
+}
+
+fn invalid(what: &'static str) -> VuError {
+    VuError::InvalidOperation(what)
+}
+
+impl Connection {
+    pub fn new(device: Arc<Device>) -> Connection {
+        let n = device.num_queues();
+        Connection {
+            device,
+            acked_features: Features::EMPTY,
+            acked_protocol: VhostUserProtocolFeatures::empty(),
+            features_set: false,
+            mem: None,
+            vrings: (0..n).map(|_| VringSetup::default()).collect(),
+            must_disconnect: false,
+            enable_before_features: false,
+        }
+    }
+
+    fn vring(&mut self, index: u32) -> VuResult<&mut VringSetup> {
+        self.vrings
+            .get_mut(index as usize)
+            .ok_or(VuError::InvalidParam)
+    }
+
+    /// The protocol features the frontend acknowledged.
+    pub fn acked_protocol(&self) -> VhostUserProtocolFeatures {
+        self.acked_protocol
+    }
+
+    /// Whether a queue of the device is broken, which GET_STATUS reports as NEEDS_RESET.
+    pub fn needs_reset(&self) -> bool {
+        (0..self.device.num_queues()).any(|q| self.device.metrics(q).is_broken())
+    }
+
+    fn protocol_negotiated(&self) -> bool {
+        self.acked_features.0 & VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits() != 0
+    }
+
+    /// Starts queue `index` if everything it needs is there.
+    fn try_start(&mut self, index: usize) -> VuResult<()> {
+        let (Some(mem), Some(v)) = (self.mem.clone(), self.vrings.get(index)) else {
+            return Ok(());
+        };
+        if v.running || !v.enabled || v.kick.is_none() {
+            return Ok(());
+        }
+        let Some((desc, avail, used)) = v.addrs else {
+            return Ok(());
+        };
+        let tr = |user: u64| mem.user_to_guest(user).ok_or(VuError::InvalidParam);
+        let rings = RingAddresses {
+            desc: tr(desc)?,
+            avail: tr(avail)?,
+            used: tr(used)?,
+        };
+        let features = Features(self.acked_features.0);
+        let config = QueueConfig::new(v.num, rings, features).map_err(|e| {
+            tracing::warn!(queue = index, error = %e, "bad queue configuration");
+            VuError::InvalidParam
+        })?;
+        let mut queue = DeviceQueue::activate(&config, mem, v.base).map_err(|e| {
+            tracing::warn!(queue = index, error = %e, "bad queue configuration");
+            VuError::InvalidParam
+        })?;
+        queue.set_used_batch(self.device.shared().config.used_batch);
+        let v = &mut self.vrings[index];
+        let kick = v
+            .kick
+            .as_ref()
+            .and_then(|f| f.try_clone().ok())
+            .ok_or(VuError::InvalidParam)?;
+        let call = v.call.as_ref().and_then(|f| f.try_clone().ok());
+        let err = v.err.as_ref().and_then(|f| f.try_clone().ok());
+        let id = self.queue_id(index).ok_or(VuError::InvalidParam)?;
+        let metrics = self.device.shared().queue_metrics(id).clone();
+        let v = &mut self.vrings[index];
+        v.running = true;
+        let rt = QueueRuntime::new(id, queue, kick, call, err, metrics);
+        self.device.worker(id).start(rt);
+        tracing::debug!(queue = index, size = v.num, "queue started");
+        Ok(())
+    }
+
+    /// The device queue behind the frontend's virtqueue `index` (VIRTIO 1.2 5.1.2). Without
+    /// MQ the control queue is virtqueue 2, which on a multi-pair device is our last queue.
+    fn queue_id(&self, index: usize) -> Option<QueueId> {
+        let mq = self.acked_features.contains(feature::MQ);
+        if !mq && index == 2 && self.acked_features.contains(feature::CTRL_VQ) {
+            Some(QueueId::Ctrl)
+        } else {
+            QueueId::from_index(index, self.device.pairs())
+        }
+    }
+
+    /// Stops queue `index` if it runs, keeping its next avail index as the new base.
+    fn stop(&mut self, index: usize) {
+        let Some(id) = self.queue_id(index) else {
+            return;
+        };
+        let Some(v) = self.vrings.get_mut(index) else {
+            return;
+        };
+        if v.running {
+            v.running = false;
+            if let Some(next) = self.device.worker(id).stop(id) {
+                v.base = next;
+            }
+        }
+    }
+
+    /// Stops every queue: the frontend went away or reset the device.
+    pub fn stop_all(&mut self) {
+        for i in 0..self.vrings.len() {
+            self.stop(i);
+        }
+    }
+
+    fn new_fd(fd: Option<File>) -> Option<EventFd> {
+        fd.map(virtnet_sys::eventfd_from_file)
+    }
+}
+
+impl VhostUserBackendReqHandlerMut for Connection {
+    fn set_owner(&mut self) -> VuResult<()> {
+        Ok(())
+    }
+
+    fn reset_owner(&mut self) -> VuResult<()> {
+        self.stop_all();
+        Ok(())
+    }
+
+    fn reset_device(&mut self) -> VuResult<()> {
+        self.stop_all();
+        let dev = self.device.clone();
+        *self = Connection::new(dev);
+        Ok(())
+    }
+
+    fn get_features(&mut self) -> VuResult<u64> {
+        Ok(self.device.offered_features().0 | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits())
+    }
+
+    fn set_features(&mut self, features: u64) -> VuResult<()> {
+        let offered = Features(self.get_features()?);
+        let acked = Features::check_acked(offered, Features(features)).map_err(|e| {
+            tracing::warn!(error = %e, "frontend acknowledged features we did not offer");
+            VuError::InvalidParam
+        })?;
+        if self.vrings.iter().any(|v| v.running)
+            && self.features_set
+            && acked != self.acked_features
+        {
+            return Err(invalid("features changed while queues run"));
+        }
+        self.acked_features = acked;
+        self.features_set = true;
+        self.device
+            .shared()
+            .features
+            .store(acked.0, std::sync::atomic::Ordering::Relaxed);
+        // Without protocol features, rings start enabled (vhost-user spec, "Ring states"); see
+        // `enable_before_features` for the other case.
+        let enabled = !self.protocol_negotiated() || self.enable_before_features;
+        for v in &mut self.vrings {
+            if !v.running {
+                v.enabled = enabled;
+            }
+        }
+        let offloads = TapOffloads {
+            csum: acked.contains(feature::GUEST_CSUM),
+            tso4: acked.contains(feature::GUEST_TSO4),
+            tso6: acked.contains(feature::GUEST_TSO6),
+            ecn: acked.contains(feature::GUEST_ECN),
+        };
+        self.device
+            .configure_tap(vnet::hdr_len(acked), offloads)
+            .map_err(|e| {
+                tracing::warn!(error = %e, "configuring the TAP failed");
+                VuError::BackendInternalError
+            })?;
+        tracing::info!(features = %feature::names(acked), "features negotiated");
+        Ok(())
+    }
+
+    fn set_mem_table(
+        &mut self,
+        ctx: &[VhostUserMemoryRegion],
+        files: Vec<File>,
+        _postcopy_listening: Option<bool>,
+    ) -> VuResult<Option<Vec<VhostUserMemoryRegionBase>>> {
+        if ctx.len() != files.len() {
+            return Err(VuError::InvalidParam);
+        }
+        let sources = ctx
+            .iter()
+            .zip(files)
+            .map(|(r, file)| RegionSource {
+                guest_addr: GuestAddress(r.guest_phys_addr),
+                size: r.memory_size,
+                user_addr: r.user_addr,
+                file,
+                mmap_offset: r.mmap_offset,
+            })
+            .collect();
+        let mem = GuestMemory::from_sources(sources).map_err(|e| {
+            tracing::warn!(error = %e, "bad memory table");
+            VuError::InvalidParam
+        })?;
+        // Quiesce the running queues, swap the memory, restart them from where they were.
+        let running: Vec<usize> = (0..self.vrings.len())
+            .filter(|&i| self.vrings[i].running)
+            .collect();
+        for &i in &running {
+            self.stop(i);
+        }
+        self.mem = Some(Arc::new(mem));
+        for i in running {
+            self.try_start(i)?;
+        }
+        Ok(None)
+    }
+
+    fn set_vring_num(&mut self, index: u32, num: u32) -> VuResult<()> {
+        vring::layout::check_queue_size(num).map_err(|_| VuError::InvalidParam)?;
+        let v = self.vring(index)?;
+        if v.running {
+            return Err(invalid("SET_VRING_NUM on a running queue"));
+        }
+        v.num = num;
+        Ok(())
+    }
+
+    fn set_vring_addr(
+        &mut self,
+        index: u32,
+        _flags: VhostUserVringAddrFlags,
+        descriptor: u64,
+        used: u64,
+        available: u64,
+        _log: u64,
+    ) -> VuResult<()> {
+        // Check what can be checked now; sizes and alignment are checked when the queue starts.
+        if let Some(mem) = &self.mem {
+            if [descriptor, available, used]
+                .iter()
+                .any(|&a| mem.user_to_guest(a).is_none())
+            {
+                tracing::warn!(queue = index, "ring address outside the memory table");
+                return Err(VuError::InvalidParam);
+            }
+        }
+        let v = self.vring(index)?;
+        if v.running {
+            return Err(invalid("SET_VRING_ADDR on a running queue"));
+        }
+        v.addrs = Some((descriptor, available, used));
+        Ok(())
+    }
+
+    fn set_vring_base(&mut self, index: u32, base: u32) -> VuResult<()> {
+        let v = self.vring(index)?;
+        if v.running {
+            return Err(invalid("SET_VRING_BASE on a running queue"));
+        }
+        v.base = u16::try_from(base).map_err(|_| VuError::InvalidParam)?;
+        Ok(())
+    }
+
+    fn get_vring_base(&mut self, index: u32) -> VuResult<VhostUserVringState> {
+        if index as usize >= self.vrings.len() {
+            self.must_disconnect = true;
+            return Err(VuError::InvalidParam);
+        }
+        self.stop(index as usize);
+        let v = &mut self.vrings[index as usize];
+        // The queue is stopped until the next SET_VRING_KICK (vhost-user spec).
+        v.kick = None;
+        Ok(VhostUserVringState::new(index, v.base as u32))
+    }
+
+    fn set_vring_kick(&mut self, index: u8, fd: Option<File>) -> VuResult<()> {
+        let i = index as usize;
+        self.stop(i);
+        self.vring(index as u32)?.kick = Self::new_fd(fd);
+        self.try_start(i)
+    }
+
+    fn set_vring_call(&mut self, index: u8, fd: Option<File>) -> VuResult<()> {
+        let i = index as usize;
+        let running = self.vring(index as u32)?.running;
+        if running {
+            self.stop(i);
+        }
+        self.vring(index as u32)?.call = Self::new_fd(fd);
+        if running {
+            self.try_start(i)?;
+        }
+        Ok(())
+    }
+
+    fn set_vring_err(&mut self, index: u8, fd: Option<File>) -> VuResult<()> {
+        let i = index as usize;
+        let running = self.vring(index as u32)?.running;
+        if running {
+            self.stop(i);
+        }
+        self.vring(index as u32)?.err = Self::new_fd(fd);
+        if running {
+            self.try_start(i)?;
+        }
+        Ok(())
+    }
+
+    fn get_protocol_features(&mut self) -> VuResult<VhostUserProtocolFeatures> {
+        Ok(super::PROTOCOL_FEATURES)
+    }
+
+    fn set_protocol_features(&mut self, features: u64) -> VuResult<()> {
+        let f = VhostUserProtocolFeatures::from_bits(features).ok_or(VuError::InvalidParam)?;
+        if !super::PROTOCOL_FEATURES.contains(f) {
+            return Err(VuError::InvalidParam);
+        }
+        self.acked_protocol = f;
+        Ok(())
+    }
+
+    fn get_queue_num(&mut self) -> VuResult<u64> {
+        // For vhost-user-net this counts queue pairs (QEMU and DPDK read it so).
+        Ok(self.device.pairs() as u64)
+    }
+
+    fn set_vring_enable(&mut self, index: u32, enable: bool) -> VuResult<()> {
+        if !self.protocol_negotiated() {
+            return Err(invalid("SET_VRING_ENABLE without protocol features"));
+        }
+        let i = index as usize;
+        self.vring(index)?.enabled = enable;
+        if enable {
+            self.try_start(i)
+        } else {
+            self.stop(i);
+            Ok(())
+        }
+    }
+
+    fn get_config(
+        &mut self,
+        offset: u32,
+        size: u32,
+        _flags: VhostUserConfigFlags,
+    ) -> VuResult<Vec<u8>> {
+        let cfg = NetConfig {
+            mac: self.device.mac(),
+            status: NET_S_LINK_UP,
+            max_virtqueue_pairs: self.device.pairs(),
+            mtu: self.device.mtu(),
+        }
+        .to_bytes();
+        let (o, s) = (offset as usize, size as usize);
+        // Out of range: the message layer answers an empty payload (the spec's error reply),
+        // so the frontend is not left waiting and the connection need not close.
+        match o.checked_add(s) {
+            Some(end) if end <= cfg.len() => Ok(cfg[o..end].to_vec()),
+            _ => Err(VuError::InvalidParam),
+        }
+    }
+
+    fn set_config(
+        &mut self,
+        _offset: u32,
+        _buf: &[u8],
+        _flags: VhostUserConfigFlags,
+    ) -> VuResult<()> {
+        Err(invalid("the net config space is read-only"))
+    }
+
+    fn set_backend_req_fd(&mut self, _backend: Backend) {}
+
+    fn set_gpu_socket(&mut self, _gpu_backend: GpuBackend) -> VuResult<()> {
+        Err(invalid("not a GPU"))
+    }
+
+    fn get_shared_object(&mut self, _uuid: VhostUserSharedMsg) -> VuResult<File> {
+        self.must_disconnect = true;
+        Err(invalid("no shared objects"))
+    }
+
+    fn get_inflight_fd(
+        &mut self,
+        _inflight: &VhostUserInflight,
+    ) -> VuResult<(VhostUserInflight, File)> {
+        self.must_disconnect = true;
+        Err(invalid("no inflight tracking"))
+    }
+
+    fn set_inflight_fd(&mut self, _inflight: &VhostUserInflight, _file: File) -> VuResult<()> {
+        Err(invalid("no inflight tracking"))
+    }
+
+    fn get_max_mem_slots(&mut self) -> VuResult<u64> {
+        self.must_disconnect = true;
+        Err(invalid("CONFIGURE_MEM_SLOTS not offered"))
+    }
+
+    fn add_mem_region(
+        &mut self,
+        _region: &VhostUserSingleMemoryRegion,
+        _fd: File,
+        _postcopy_listening: Option<bool>,
+    ) -> VuResult<Option<VhostUserMemoryRegionBase>> {
+        Err(invalid("CONFIGURE_MEM_SLOTS not offered"))
+    }
+
+    fn remove_mem_region(&mut self, _region: &VhostUserSingleMemoryRegion) -> VuResult<()> {
+        Err(invalid("CONFIGURE_MEM_SLOTS not offered"))
+    }
+
+    fn set_device_state_fd(
+        &mut self,
+        _direction: VhostTransferStateDirection,
+        _phase: VhostTransferStatePhase,
+        _fd: File,
+    ) -> VuResult<Option<File>> {
+        self.must_disconnect = true;
+        Err(invalid("no device state transfer"))
+    }
+
+    fn check_device_state(&mut self) -> VuResult<()> {
+        Err(invalid("no device state transfer"))
+    }
+
+    fn get_shmem_config(&mut self) -> VuResult<VhostUserShMemConfig> {
+        self.must_disconnect = true;
+        Err(invalid("no shared memory regions"))
+    }
+
+    fn set_log_base(&mut self, _log: &VhostUserLog, _file: File) -> VuResult<()> {
+        Err(invalid("no dirty logging"))
+    }
+}

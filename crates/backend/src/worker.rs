@@ -1,0 +1,458 @@
+//! The data path of one queue pair: a worker thread moving frames between the guest's rings
+//! and a host port ([`Host`]).
+//!
+//! The loop, per turn: tx up to the weight, rx up to the weight, and when both are idle:
+//! busy-poll if a timeout is set (with the host side polled for rx from the same loop), then
+//! enable notifications with a re-check, then sleep in epoll on the kicks, the host port's fd
+//! and the command eventfd. Used entries are published in batches by the engine and always
+//! flushed before polling or sleeping.
+
+use std::os::fd::AsRawFd;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
+use vmm_sys_util::timerfd::TimerFd;
+use vring::{Chain, Error as RingError};
+
+use super::device::Shared;
+use super::error::Error;
+use super::host::{Host, Sent};
+use super::metrics::PollExit;
+use super::queue::{break_queue, install_queue, notify, retire_queue, QueueId, QueueRuntime};
+use super::rx::RxPath;
+use super::thread::{Command, Inbox};
+
+/// vhost_net's VHOST_NET_PKT_WEIGHT and VHOST_NET_WEIGHT: a queue's share of one turn.
+pub const WEIGHT_PACKETS: usize = 256;
+pub const WEIGHT_BYTES: u64 = 512 * 1024;
+
+const EV_WAKE: u64 = 0;
+const EV_RX_KICK: u64 = 1;
+const EV_TX_KICK: u64 = 2;
+const EV_HOST: u64 = 3;
+const EV_TIMER: u64 = 4;
+
+/// What one turn of a queue did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Turn {
+    /// Frames moved.
+    frames: usize,
+    /// Stopped at the weight: more work is probably waiting.
+    exhausted: bool,
+}
+
+impl Turn {
+    /// Whether the turn has used up its weight, counting it if so.
+    fn at_weight(&mut self, bytes: u64, q: &QueueRuntime) -> bool {
+        if self.frames >= WEIGHT_PACKETS || bytes >= WEIGHT_BYTES {
+            self.exhausted = true;
+            q.metrics.add(&q.metrics.counters.weight_exhausted, 1);
+        }
+        self.exhausted
+    }
+}
+
+/// One queue pair's worker.
+#[derive(Debug)]
+pub struct Worker<H: Host> {
+    shared: Arc<Shared>,
+    pair: u16,
+    host: H,
+    tx: Option<QueueRuntime>,
+    rx: RxPath,
+    inbox: Inbox,
+    epoll: Epoll,
+    /// Fires when a call held back by coalescing is due.
+    timer: TimerFd,
+    /// Whether epoll watches the host port's fd (only while rx has buffers to receive into).
+    host_armed: bool,
+    chain: Chain,
+}
+
+impl<H: Host> Worker<H> {
+    pub fn new(pair: u16, host: H, shared: Arc<Shared>, inbox: Inbox) -> std::io::Result<Self> {
+        Ok(Worker {
+            shared,
+            pair,
+            host,
+            tx: None,
+            rx: RxPath::default(),
+            inbox,
+            epoll: Epoll::new()?,
+            timer: TimerFd::new()?,
+            host_armed: false,
+            chain: Chain::new(),
+        })
+    }
+
+    /// Runs until shut down. Returns early, with the error, if the worker's own epoll set
+    /// cannot be built: then no queue of this pair can run.
+    pub fn run(&mut self) -> Result<(), Error> {
+        if let Some(cpu) = self.shared.config.worker_cpu {
+            if let Err(e) = virtnet_sys::pin_thread(cpu) {
+                tracing::warn!(cpu, error = %e, "cannot pin the worker");
+            }
+        }
+        for (fd, tag) in [
+            (self.inbox.wake.as_raw_fd(), EV_WAKE),
+            (self.timer.as_raw_fd(), EV_TIMER),
+        ] {
+            self.epoll
+                .ctl(
+                    ControlOperation::Add,
+                    fd,
+                    EpollEvent::new(EventSet::IN, tag),
+                )
+                .map_err(Error::host("building the worker's epoll set"))?;
+        }
+        let mut events = vec![EpollEvent::default(); 8];
+        loop {
+            if self.inbox.take_pending() && !self.handle_commands() {
+                return Ok(());
+            }
+            self.fire_due_calls();
+            let tx = self.handle_tx();
+            let rx = self.handle_rx();
+            if tx.exhausted || rx.exhausted || tx.frames + rx.frames > 0 {
+                continue;
+            }
+            match self.busy_poll() {
+                Some(PollExit::Hit) | Some(PollExit::OtherWork) => continue,
+                Some(PollExit::Shutdown) => return Ok(()),
+                _ => {}
+            }
+            if self.arm_notifications() {
+                self.disarm_notifications();
+                continue;
+            }
+            self.arm_timer();
+            let n = match self.epoll.wait(-1, &mut events) {
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => 0,
+                Err(e) => return Err(Error::host("waiting in epoll")(e)),
+            };
+            for ev in &events[..n] {
+                match ev.data() {
+                    // A non-blocking eventfd or timerfd read fails only when nothing is
+                    // pending: the wake-up was consumed already.
+                    EV_WAKE => {
+                        let _ = self.inbox.wake.read();
+                    }
+                    EV_RX_KICK => self.rx.queue.iter().for_each(QueueRuntime::take_kick),
+                    EV_TX_KICK => self.tx.iter().for_each(QueueRuntime::take_kick),
+                    EV_TIMER => {
+                        let _ = self.timer.wait();
+                    }
+                    _ => {}
+                }
+            }
+            self.disarm_notifications();
+        }
+    }
+
+    fn queues(&mut self) -> impl Iterator<Item = &mut QueueRuntime> {
+        [self.tx.as_mut(), self.rx.queue.as_mut()]
+            .into_iter()
+            .flatten()
+    }
+
+    fn fire_due_calls(&mut self) {
+        let now = Instant::now();
+        self.queues().for_each(|q| q.fire_if_due(now));
+    }
+
+    fn next_call_deadline(&self) -> Option<Instant> {
+        [self.tx.as_ref(), self.rx.queue.as_ref()]
+            .into_iter()
+            .flatten()
+            .filter_map(|q| q.call_deadline())
+            .min()
+    }
+
+    /// Arms the timer for the earliest held call, or disarms it.
+    fn arm_timer(&mut self) {
+        let r = match self.next_call_deadline() {
+            // A zero duration would disarm the timer: wait at least a microsecond.
+            Some(d) => self.timer.reset(
+                d.saturating_duration_since(Instant::now())
+                    .max(Duration::from_micros(1)),
+                None,
+            ),
+            None => self.timer.clear(),
+        };
+        if let Err(e) = r {
+            tracing::warn!(error = %e, "coalescing timer failed");
+        }
+    }
+
+    /// Applies pending commands; returns false on shutdown.
+    fn handle_commands(&mut self) -> bool {
+        while let Some(cmd) = self.inbox.next() {
+            match cmd {
+                Command::Start(q) => {
+                    if matches!(q.id, QueueId::Rx(_)) {
+                        self.rx.unblock();
+                        install_queue(&self.epoll, &mut self.rx.queue, *q, EV_RX_KICK);
+                        if let Some(q) = &self.rx.queue {
+                            self.host.rx_started(q);
+                        }
+                    } else {
+                        install_queue(&self.epoll, &mut self.tx, *q, EV_TX_KICK);
+                    }
+                }
+                Command::Stop { queue, reply } => {
+                    let q = if matches!(queue, QueueId::Rx(_)) {
+                        if self.host.rx_stopped() {
+                            // The frame waiting for buffers goes with the queue's owner.
+                            if let Some(q) = &self.rx.queue {
+                                q.metrics.add(&q.metrics.counters.dropped, 1);
+                            }
+                        }
+                        self.rx.unblock();
+                        self.rx.queue.take()
+                    } else {
+                        self.tx.take()
+                    };
+                    let _ = reply.send(q.map(|q| retire_queue(&self.epoll, q)));
+                }
+                Command::Shutdown => return false,
+            }
+        }
+        true
+    }
+
+    /// Whether this pair carries traffic (MQ VQ_PAIRS_SET may have disabled it).
+    fn active(&self) -> bool {
+        self.pair < self.shared.active_pairs.load(Relaxed)
+    }
+
+    /// Guest transmit: pop, send, return used; up to the weight.
+    fn handle_tx(&mut self) -> Turn {
+        let mut turn = Turn::default();
+        let Some(tx) = self.tx.as_mut().filter(|q| q.usable()) else {
+            return turn;
+        };
+        let hdr_len = vnet::hdr_len(tx.queue.config().features());
+        let mut bytes = 0u64;
+        let result: Result<(), RingError> = loop {
+            if turn.at_weight(bytes, tx) {
+                break Ok(());
+            }
+            if H::LOOPBACK && self.rx.usable().is_none() {
+                // A loopback needs a working rx queue; without one, leave tx where it is.
+                break Ok(());
+            }
+            match tx.queue.pop_into(&mut self.chain) {
+                Ok(true) => {}
+                Ok(false) => break Ok(()),
+                Err(e) => break Err(e),
+            }
+            let sent = self
+                .host
+                .send(tx.queue.memory(), &self.chain, &mut self.rx, &self.shared);
+            match sent {
+                Ok(Sent::Taken) => {}
+                Ok(Sent::Dropped) => tx.metrics.add(&tx.metrics.counters.dropped, 1),
+                Ok(Sent::Later) => {
+                    // No room in rx: leave the frame on tx until the guest posts more.
+                    tx.queue.undo_pop(1);
+                    self.rx.block();
+                    break Ok(());
+                }
+                Err(e) => break Err(e),
+            }
+            if let Err(e) = tx.queue.add_used(self.chain.head(), 0) {
+                break Err(e);
+            }
+            turn.frames += 1;
+            bytes += self.chain.readable_len().saturating_sub(hdr_len as u64);
+        };
+        let c = &tx.metrics.counters;
+        tx.metrics.add(&c.packets, turn.frames as u64);
+        tx.metrics.add(&c.bytes, bytes);
+        match result {
+            Ok(()) => {
+                if turn.frames > 0 {
+                    notify(tx);
+                }
+            }
+            Err(e) => break_queue(tx, &e.into()),
+        }
+        if H::LOOPBACK && turn.frames > 0 {
+            if let Some(rx) = self.rx.usable() {
+                notify(rx);
+            }
+        }
+        turn
+    }
+
+    /// Guest receive: host frames into posted buffers; up to the weight.
+    fn handle_rx(&mut self) -> Turn {
+        let mut turn = Turn::default();
+        if self.rx.usable().is_none() || !self.active() || self.rx.still_blocked() {
+            return turn;
+        }
+        let mut bytes = 0u64;
+        let result: Result<(), RingError> = loop {
+            let Some(rx) = self.rx.queue.as_ref() else {
+                break Ok(());
+            };
+            if turn.at_weight(bytes, rx) {
+                break Ok(());
+            }
+            let room = WEIGHT_PACKETS - turn.frames;
+            match self.host.receive(&mut self.rx, &self.shared, room) {
+                Ok(r) if r.frames == 0 => break Ok(()),
+                Ok(r) => {
+                    turn.frames += r.frames;
+                    bytes += r.bytes;
+                }
+                Err(e) => break Err(e),
+            }
+        };
+        let Some(rx) = self.rx.queue.as_mut() else {
+            return turn;
+        };
+        let c = &rx.metrics.counters;
+        rx.metrics.add(&c.packets, turn.frames as u64);
+        rx.metrics.add(&c.bytes, bytes);
+        match result {
+            Ok(()) => {
+                if turn.frames > 0 && rx.usable() {
+                    notify(rx);
+                }
+            }
+            Err(e) => break_queue(rx, &e.into()),
+        }
+        turn
+    }
+
+    /// Whether the tx ring has frames; a ring error breaks tx.
+    fn tx_pending(&mut self) -> bool {
+        let Some(tx) = self.tx.as_mut().filter(|q| q.usable()) else {
+            return false;
+        };
+        match tx.queue.avail_pending() {
+            Ok(p) => p,
+            Err(e) => {
+                break_queue(tx, &e.into());
+                false
+            }
+        }
+    }
+
+    /// Spins with notifications off until work shows up, other work is pending, the CPU is
+    /// wanted elsewhere, or the timeout expires. None when busy polling is off.
+    fn busy_poll(&mut self) -> Option<PollExit> {
+        let metrics = [self.tx.as_ref(), self.rx.queue.as_ref()]
+            .into_iter()
+            .flatten()
+            .find(|q| q.usable())?
+            .metrics
+            .clone();
+        let us = metrics.busy_poll_us.load(Relaxed);
+        if us == 0 {
+            return None;
+        }
+        metrics.add(&metrics.counters.busy_poll_entries, 1);
+        self.disarm_notifications();
+        let deadline = Instant::now() + Duration::from_micros(us as u64);
+        let switches = virtnet_sys::involuntary_switches();
+        let poll_rx = self.shared.config.poll_rx_from_tx;
+        let mut spins = 0u32;
+        let exit = loop {
+            if self.inbox.pending() {
+                break PollExit::OtherWork;
+            }
+            if self.tx_pending() {
+                break PollExit::Hit;
+            }
+            // Poll the host side for rx while waiting on tx, when the guest has posted
+            // buffers to receive into (and has posted more since rx last ran out of room).
+            let host_ready = poll_rx
+                && self.active()
+                && !self.rx.still_blocked()
+                && (self.host.holds_frame()
+                    || (spins.is_multiple_of(H::POLL_EVERY) && self.host.has_frames()));
+            if host_ready && self.rx.has_buffers() {
+                break PollExit::Hit;
+            }
+            spins = spins.wrapping_add(1);
+            if spins.is_multiple_of(64) {
+                let now = Instant::now();
+                if now >= deadline {
+                    break PollExit::Timeout;
+                }
+                if self.next_call_deadline().is_some_and(|d| now >= d) {
+                    break PollExit::OtherWork; // A held call is due.
+                }
+                if virtnet_sys::involuntary_switches() != switches {
+                    break PollExit::Yield;
+                }
+            }
+            std::hint::spin_loop();
+        };
+        metrics.poll_exit(exit);
+        Some(exit)
+    }
+
+    /// Enables notifications on both queues; returns true if either re-check found work.
+    fn arm_notifications(&mut self) -> bool {
+        let mut pending = false;
+        for q in self.queues().filter(|q| q.usable()) {
+            match q.queue.enable_notification() {
+                Ok(p) => pending |= p,
+                Err(e) => break_queue(q, &e.into()),
+            }
+        }
+        let runnable = pending && self.has_runnable_work();
+        if !runnable {
+            self.arm_host();
+        }
+        runnable
+    }
+
+    /// Watches the host port's fd in epoll only while rx has buffers: a readable TAP with
+    /// nowhere to put its frames must not wake us (level-triggered epoll would spin); the rx
+    /// kick will.
+    fn arm_host(&mut self) {
+        let Some(fd) = self.host.fd() else { return };
+        // With a frame already waiting for buffers, the fd has nothing to tell us.
+        let want = !self.host.holds_frame() && !self.rx.still_blocked() && self.rx.has_buffers();
+        if want == self.host_armed {
+            return;
+        }
+        let r = if want {
+            self.epoll.ctl(
+                ControlOperation::Add,
+                fd,
+                EpollEvent::new(EventSet::IN, EV_HOST),
+            )
+        } else {
+            self.epoll
+                .ctl(ControlOperation::Delete, fd, EpollEvent::default())
+        };
+        match r {
+            Ok(()) => self.host_armed = want,
+            // Not watched: rx then runs on the guest's kicks and busy polling only.
+            Err(e) => tracing::warn!(error = %e, "cannot watch the host port"),
+        }
+    }
+
+    /// Whether a queue has something to do right now, given the host port.
+    fn has_runnable_work(&mut self) -> bool {
+        let tx = self.tx_pending();
+        let rx_bufs = self.active() && !self.rx.still_blocked() && self.rx.has_buffers();
+        if H::LOOPBACK {
+            tx && rx_bufs
+        } else {
+            tx || (rx_bufs && self.host.has_frames())
+        }
+    }
+
+    fn disarm_notifications(&mut self) {
+        self.queues().for_each(|q| q.queue.disable_notification());
+    }
+}

@@ -1,0 +1,309 @@
+//! The device side of the control queue, driven by a bare driver queue: every command's
+//! effect is visible in the backend, and malformed commands are acked ERR.
+
+use testkit::inproc;
+
+use std::time::{Duration, Instant};
+
+use inproc::*;
+use virtnet_backend::{BackendConfig, IoMode};
+use virtnet_driver::frontend::Connection;
+use virtnet_driver::{RxQueue, TxQueue};
+use vnet::ctrl::{self, Coalesce, Command};
+use vnet::feature;
+use vnet::NetHdr;
+use vring::{Buf, DriverQueue, Features, GuestAddress};
+
+struct Ctrl {
+    q: DriverQueue<u32>,
+    kick: vmm_sys_util::eventfd::EventFd,
+    buf: GuestAddress,
+}
+
+/// A frontend connection with `queues` virtqueues that needs CTRL_VQ.
+fn connect_ctrl(b: &Backend, queues: u16, wanted: Features) -> Connection {
+    Connection::connect(
+        &b.socket,
+        queues,
+        256,
+        wanted,
+        feature::CTRL_VQ,
+        32 << 20,
+        Duration::from_secs(5),
+    )
+    .unwrap()
+}
+
+fn setup(b: &Backend, pairs: u16) -> (Connection, Ctrl, Vec<(RxQueue, TxQueue)>) {
+    let wanted = WANTED
+        | feature::CTRL_VQ
+        | feature::CTRL_RX
+        | feature::CTRL_MAC_ADDR
+        | feature::NOTF_COAL
+        | feature::VQ_NOTF_COAL;
+    let n = 2 * pairs + 1;
+    let mut conn = connect_ctrl(b, n, wanted);
+    let mem = conn.mem.clone();
+    let mut queues = Vec::new();
+    for p in 0..pairs as usize {
+        let rx = RxQueue::new(&conn.queues[2 * p], &mem, &mut conn.alloc, 1536).unwrap();
+        let tx = TxQueue::new(&conn.queues[2 * p + 1], &mem, &mut conn.alloc, 2048).unwrap();
+        queues.push((rx, tx));
+    }
+    let c = (n - 1) as usize;
+    let q = DriverQueue::activate(&conn.queues[c].config, mem.clone(), None).unwrap();
+    let buf = conn.alloc.alloc(4096, 64).unwrap();
+    let kick = conn.queues[c].kick.try_clone().unwrap();
+    for i in 0..n as usize {
+        conn.start_queue(i).unwrap();
+    }
+    (conn, Ctrl { q, kick, buf }, queues)
+}
+
+/// Sends one command and waits for its ack; returns (ack, reply).
+fn command(conn: &Connection, c: &mut Ctrl, cmd: &[u8], reply_len: usize) -> (u8, Vec<u8>) {
+    let mem = &conn.mem;
+    mem.write(c.buf, cmd).unwrap();
+    let inb = GuestAddress(c.buf.0 + 1024);
+    mem.write(inb, &vec![0xee; reply_len + 1]).unwrap();
+    c.q.add(
+        &[Buf::new(c.buf, cmd.len() as u32)],
+        &[Buf::new(inb, reply_len as u32 + 1)],
+        1,
+    )
+    .unwrap();
+    if c.q.kick_prepare() {
+        c.kick.write(1).unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some((_, len)) = c.q.get_used().unwrap() {
+            let mut out = vec![0u8; reply_len + 1];
+            mem.read(inb, &mut out).unwrap();
+            assert!(len as usize <= reply_len + 1);
+            let ack = out[reply_len];
+            out.truncate(reply_len);
+            return (ack, out);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no answer to the control command"
+        );
+        std::thread::sleep(Duration::from_micros(100));
+    }
+}
+
+#[test]
+fn coalescing_commands_set_and_get_per_queue_parameters() {
+    let b = start_backend(
+        "ctrl-coal",
+        BackendConfig {
+            pairs: 2,
+            io: IoMode::Echo,
+            ..Default::default()
+        },
+    );
+    let (conn, mut c, _queues) = setup(&b, 2);
+    let coal = Coalesce {
+        max_packets: 16,
+        max_usecs: 200,
+    };
+    let (ack, _) = command(
+        &conn,
+        &mut c,
+        &Command::VqNotfCoalSet { vqn: 2, coal }.encode(),
+        0,
+    );
+    assert_eq!(ack, ctrl::OK);
+    let r = b.device.reports();
+    assert_eq!(
+        (r[2].coalesce_max_packets, r[2].coalesce_max_usecs),
+        (16, 200)
+    );
+    assert_eq!(r[0].coalesce_max_packets, 0, "only queue 2 changed");
+    let (ack, reply) = command(
+        &conn,
+        &mut c,
+        &Command::VqNotfCoalGet { vqn: 2 }.encode(),
+        8,
+    );
+    assert_eq!(ack, ctrl::OK);
+    assert_eq!(Command::decode_reply(&reply.try_into().unwrap()), coal);
+    let tx = Coalesce {
+        max_packets: 32,
+        max_usecs: 100,
+    };
+    assert_eq!(
+        command(&conn, &mut c, &Command::NotfCoalTx(tx).encode(), 0).0,
+        ctrl::OK
+    );
+    let r = b.device.reports();
+    assert_eq!(
+        (r[1].coalesce_max_packets, r[3].coalesce_max_packets),
+        (32, 32)
+    );
+    assert_eq!(r[2].coalesce_max_packets, 16, "rx queues keep theirs");
+    // Out of range, unknown, truncated: ERR, and the queue keeps working.
+    assert_eq!(
+        command(
+            &conn,
+            &mut c,
+            &Command::VqNotfCoalGet { vqn: 4 }.encode(),
+            8
+        )
+        .0,
+        ctrl::ERR
+    );
+    assert_eq!(command(&conn, &mut c, &[99, 99], 0).0, ctrl::ERR);
+    assert_eq!(command(&conn, &mut c, &[6, 2, 1], 0).0, ctrl::ERR);
+    assert_eq!(
+        command(&conn, &mut c, &Command::VqPairsSet(3).encode(), 0).0,
+        ctrl::ERR
+    );
+    assert_eq!(
+        command(&conn, &mut c, &Command::RxPromisc(true).encode(), 0).0,
+        ctrl::OK
+    );
+    let ctrl_q = &b.device.reports()[4];
+    assert_eq!(ctrl_q.kind, "ctrl");
+    assert_eq!(
+        (ctrl_q.counters.ctrl_commands, ctrl_q.counters.ctrl_errors),
+        (8, 4)
+    );
+    assert!(ctrl_q.broken.is_none());
+}
+
+#[test]
+fn vq_pairs_set_silences_the_other_pairs() {
+    let b = start_backend(
+        "ctrl-mq",
+        BackendConfig {
+            pairs: 2,
+            io: IoMode::Null { size: 60 },
+            ..Default::default()
+        },
+    );
+    let (conn, mut c, mut queues) = setup(&b, 2);
+    assert_eq!(
+        command(&conn, &mut c, &Command::VqPairsSet(1).encode(), 0).0,
+        ctrl::OK
+    );
+    assert_eq!(b.device.device_report().active_pairs, 1);
+    let before = b.device.reports()[2].counters.packets;
+    let mut got = [0usize; 2];
+    let deadline = Instant::now() + Duration::from_millis(500);
+    while Instant::now() < deadline {
+        for (p, (rx, _)) in queues.iter_mut().enumerate() {
+            got[p] += rx.poll(256, |_| {}).unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(got[0] > 1000, "pair 0 carries traffic: {got:?}");
+    // Pair 1 may deliver what was already in flight when the command landed, no more.
+    let after = b.device.reports()[2].counters.packets;
+    assert!(
+        after - before <= 256,
+        "pair 1 kept receiving: {before} -> {after}"
+    );
+    assert_eq!(
+        command(&conn, &mut c, &Command::VqPairsSet(2).encode(), 0).0,
+        ctrl::OK
+    );
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut more = 0;
+    while more < 1000 && Instant::now() < deadline {
+        more += queues[1].0.poll(256, |_| {}).unwrap();
+        queues[1].0.wait(5);
+    }
+    assert!(more >= 1000, "pair 1 back: {more}");
+}
+
+#[test]
+fn promisc_off_filters_frames_to_other_macs() {
+    let b = start_backend(
+        "ctrl-rx",
+        BackendConfig {
+            io: IoMode::Echo,
+            ..Default::default()
+        },
+    );
+    let (conn, mut c, mut queues) = setup(&b, 1);
+    let ours = [0x52, 0x54, 0, 0x12, 0x34, 0x56];
+    let other = [0x52, 0x54, 0, 0x99, 0x99, 0x99];
+    assert_eq!(
+        command(&conn, &mut c, &Command::MacAddrSet(ours).encode(), 0).0,
+        ctrl::OK
+    );
+    assert_eq!(
+        command(&conn, &mut c, &Command::RxPromisc(false).encode(), 0).0,
+        ctrl::OK
+    );
+    let (rx, tx) = &mut queues[0];
+    let mut f = frame(1, 64);
+    f[..6].copy_from_slice(&other);
+    assert!(tx.send(&f, NetHdr::default()).unwrap());
+    let mut g = frame(2, 64);
+    g[..6].copy_from_slice(&ours);
+    assert!(tx.send(&g, NetHdr::default()).unwrap());
+    tx.flush();
+    let mut got = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while got.is_empty() && Instant::now() < deadline {
+        rx.poll(16, |x| got.push(x.to_vec())).unwrap();
+        rx.wait(5);
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    rx.poll(16, |x| got.push(x.to_vec())).unwrap();
+    assert_eq!(got.len(), 1, "only the frame to our MAC comes back");
+    assert!(got[0] == g);
+    assert_eq!(b.device.reports()[0].counters.filtered, 1);
+    assert!(!b.device.device_report().promisc);
+}
+
+#[test]
+fn without_mq_the_control_queue_is_virtqueue_2() {
+    // A two-pair device, and a driver that does not negotiate MQ: its control queue is
+    // virtqueue 2 (spec 5.1.2), not 2 * max_virtqueue_pairs.
+    let b = start_backend(
+        "ctrl-nomq",
+        BackendConfig {
+            pairs: 2,
+            io: IoMode::Echo,
+            ..Default::default()
+        },
+    );
+    let wanted =
+        Features::VERSION_1 | feature::MRG_RXBUF | feature::CTRL_VQ | feature::VQ_NOTF_COAL;
+    let mut conn = connect_ctrl(&b, 3, wanted);
+    assert!(!conn.features.contains(feature::MQ));
+    let mem = conn.mem.clone();
+    let q = DriverQueue::activate(&conn.queues[2].config, mem, None).unwrap();
+    let buf = conn.alloc.alloc(4096, 64).unwrap();
+    let kick = conn.queues[2].kick.try_clone().unwrap();
+    for i in 0..3 {
+        conn.start_queue(i).unwrap();
+    }
+    let mut c = Ctrl { q, kick, buf };
+    let coal = Coalesce {
+        max_packets: 8,
+        max_usecs: 100,
+    };
+    assert_eq!(
+        command(
+            &conn,
+            &mut c,
+            &Command::VqNotfCoalSet { vqn: 0, coal }.encode(),
+            0
+        )
+        .0,
+        ctrl::OK
+    );
+    let r = b.device.reports();
+    assert_eq!(r[0].coalesce_max_packets, 8);
+    assert_eq!(r[4].kind, "ctrl");
+    assert_eq!(
+        r[4].counters.ctrl_commands, 1,
+        "answered by the control queue"
+    );
+    assert_eq!(r[2].counters.packets, 0, "not taken for pair 1's rx queue");
+}

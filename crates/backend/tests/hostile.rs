@@ -1,0 +1,291 @@
+//! A hostile or careless frontend and guest: malformed vhost-user messages and broken rings
+//! get a clean error, the queue concerned is marked broken, and the backend keeps serving.
+
+use testkit::inproc;
+
+use std::io::Write;
+use std::os::unix::net::UnixStream;
+use std::time::{Duration, Instant};
+
+use inproc::*;
+use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
+use vhost::vhost_user::{Frontend, VhostUserFrontend};
+use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
+use virtnet_backend::{BackendConfig, IoMode};
+use vring::{GuestAddress, GuestMemory};
+
+/// The backend still serves a well-behaved driver.
+fn assert_still_serves(b: &Backend) {
+    let mut p = connect(b, WANTED);
+    let got = echo_round(&mut p, 100, 64);
+    assert_eq!(got.len(), 100, "backend stopped serving");
+}
+
+/// A raw frontend with REPLY_ACK, so every bad request gets an error answer.
+fn raw_frontend(b: &Backend, max_queues: u64) -> Frontend {
+    let mut f = Frontend::connect(&b.socket, max_queues).unwrap();
+    f.set_owner().unwrap();
+    let features = f.get_features().unwrap();
+    f.set_features(features).unwrap();
+    assert!(features & VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits() != 0);
+    let p = f.get_protocol_features().unwrap();
+    assert!(p.contains(VhostUserProtocolFeatures::REPLY_ACK));
+    f.set_protocol_features(p).unwrap();
+    f.set_hdr_flags(vhost::vhost_user::message::VhostUserHeaderFlag::NEED_REPLY);
+    f
+}
+
+fn region(mem: &GuestMemory) -> VhostUserMemoryRegionInfo {
+    use std::os::fd::AsRawFd;
+    let r = mem.regions().next().unwrap();
+    VhostUserMemoryRegionInfo {
+        guest_phys_addr: r.guest_addr.0,
+        memory_size: r.size,
+        userspace_addr: r.user_addr,
+        mmap_offset: 0,
+        mmap_handle: r.file.unwrap().as_raw_fd(),
+    }
+}
+
+#[test]
+fn bad_queue_sizes_and_indices_get_errors() {
+    let b = echo_backend("badidx");
+    let f = raw_frontend(&b, 300);
+    assert!(f.set_vring_num(0, 3).is_err(), "size not a power of two");
+    assert!(f.set_vring_num(0, 65535).is_err(), "size above 32768");
+    assert!(
+        f.set_vring_num(200, 256).is_err(),
+        "queue index out of range"
+    );
+    // GET_VRING_BASE needs a reply: an index out of range closes the connection instead.
+    assert!(f.get_vring_base(250).is_err());
+    drop(f);
+    assert_still_serves(&b);
+}
+
+#[test]
+fn overlapping_and_oversized_memory_tables_get_errors() {
+    let b = echo_backend("badmem");
+    let f = raw_frontend(&b, 2);
+    let mem = GuestMemory::memfd(&[(GuestAddress(0), 1 << 20)]).unwrap();
+    let r = region(&mem);
+    let overlapping = VhostUserMemoryRegionInfo {
+        guest_phys_addr: 0x8_0000,
+        userspace_addr: r.userspace_addr + (1 << 30),
+        ..r
+    };
+    assert!(
+        f.set_mem_table(&[r, overlapping]).is_err(),
+        "overlapping regions"
+    );
+    let huge = VhostUserMemoryRegionInfo {
+        memory_size: 1 << 40,
+        ..r
+    };
+    assert!(
+        f.set_mem_table(&[huge]).is_err(),
+        "region past the end of its file"
+    );
+    // A good table is still accepted on the same connection.
+    assert!(f.set_mem_table(&[r]).is_ok());
+    // The message layer refuses a wrapping range (and closes the connection).
+    let wrapping = VhostUserMemoryRegionInfo {
+        guest_phys_addr: u64::MAX - 4095,
+        ..r
+    };
+    assert!(
+        f.set_mem_table(&[wrapping]).is_err(),
+        "guest address range wraps"
+    );
+    drop(f);
+    assert_still_serves(&b);
+}
+
+#[test]
+fn rings_outside_memory_are_refused_when_the_queue_starts() {
+    let b = echo_backend("badring");
+    let mut f = raw_frontend(&b, 2);
+    let mem = GuestMemory::memfd(&[(GuestAddress(0), 1 << 20)]).unwrap();
+    let r = region(&mem);
+    f.set_mem_table(&[r]).unwrap();
+    f.set_vring_num(1, 256).unwrap();
+    let outside = r.userspace_addr + (2 << 20);
+    let data = VringConfigData {
+        queue_max_size: 256,
+        queue_size: 256,
+        flags: 0,
+        desc_table_addr: outside,
+        used_ring_addr: r.userspace_addr + 0x2000,
+        avail_ring_addr: r.userspace_addr + 0x1000,
+        log_addr: None,
+    };
+    assert!(
+        f.set_vring_addr(1, &data).is_err(),
+        "descriptor table outside memory"
+    );
+    // A ring that runs past the end of memory is refused when the queue starts.
+    let tail = VringConfigData {
+        desc_table_addr: r.userspace_addr + (1 << 20) - 2048,
+        ..data
+    };
+    f.set_vring_addr(1, &tail).unwrap();
+    f.set_vring_base(1, 0).unwrap();
+    let kick = vmm_sys_util::eventfd::EventFd::new(0).unwrap();
+    f.set_vring_kick(1, &kick).unwrap();
+    assert!(
+        f.set_vring_enable(1, true).is_err(),
+        "descriptor table runs past memory"
+    );
+    // A misaligned ring is refused by the message layer, which closes the connection.
+    let misaligned = VringConfigData {
+        desc_table_addr: r.userspace_addr + 8,
+        ..data
+    };
+    assert!(
+        f.set_vring_addr(1, &misaligned).is_err(),
+        "descriptor table not 16-aligned"
+    );
+    drop(f);
+    assert_still_serves(&b);
+}
+
+#[test]
+fn garbage_on_the_socket_closes_that_connection_only() {
+    let b = echo_backend("garbage");
+    let mut s = UnixStream::connect(&b.socket).unwrap();
+    // A header claiming request 0xdead with a 4 KiB body, then noise.
+    let mut msg = vec![0xad, 0xde, 0, 0, 1, 0, 0, 0, 0, 0x10, 0, 0];
+    msg.extend(std::iter::repeat_n(0x5a, 64));
+    let _ = s.write_all(&msg);
+    drop(s);
+    let mut s = UnixStream::connect(&b.socket).unwrap();
+    let _ = s.write_all(&[0xff; 7]); // A truncated header.
+    drop(s);
+    assert_still_serves(&b);
+}
+
+#[test]
+fn a_broken_tx_ring_stops_that_queue_and_rx_keeps_working() {
+    let b = start_backend(
+        "brokenring",
+        BackendConfig {
+            io: IoMode::Null { size: 60 },
+            ..Default::default()
+        },
+    );
+    let mut p = connect(&b, WANTED);
+    // Act as a hostile guest: publish head 999 on the tx avail ring (size 256) and kick.
+    let rings = p.conn.queues[1].config.rings();
+    let mem = p.conn.mem.clone();
+    mem.write(GuestAddress(rings.avail.0 + 4), &999u16.to_le_bytes())
+        .unwrap();
+    mem.write(GuestAddress(rings.avail.0 + 2), &1u16.to_le_bytes())
+        .unwrap();
+    p.conn.queues[1].kick.write(1).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while b.device.reports()[1].broken.is_none() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let reason = b.device.reports()[1]
+        .broken
+        .clone()
+        .expect("tx queue marked broken");
+    assert!(reason.contains("head 999"), "{reason}");
+    // The rx queue of the same worker still delivers frames.
+    let mut got = 0;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while got < 1000 && Instant::now() < deadline {
+        got += p.rx.poll(256, |_| {}).unwrap();
+        p.rx.wait(10);
+    }
+    assert!(got >= 1000, "rx stalled after tx broke: {got}");
+    assert!(b.device.reports()[0].broken.is_none());
+    // Reconnecting resets the queue: a new driver works again.
+    drop(p);
+    let mut p = connect(&b, WANTED);
+    assert!(p.rx.poll(256, |_| {}).is_ok());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while b.device.reports()[1].broken.is_some() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(
+        b.device.reports()[1].broken.is_none(),
+        "reset clears broken"
+    );
+}
+
+#[test]
+fn reconnect_in_the_middle_of_traffic_resumes() {
+    let b = echo_backend("reconnect");
+    let mut p = connect(&b, WANTED);
+    // Leave frames in flight, then vanish.
+    for i in 0..100 {
+        let _ = p.tx.send(&frame(i, 64), vnet::NetHdr::default());
+    }
+    p.tx.flush();
+    drop(p);
+    let before = b.device.reports()[1].counters.packets;
+    let mut p = connect(&b, WANTED);
+    let got = echo_round(&mut p, 1000, 64);
+    assert_eq!(got.len(), 1000);
+    assert!(b.device.reports()[1].counters.packets >= before + 1000);
+}
+
+/// Sends one request in the vhost-user framing (three native-endian u32, then the payload).
+fn raw_send(s: &mut UnixStream, code: u32, flags: u32, payload: &[u8]) {
+    let mut m = Vec::new();
+    for w in [code, flags, payload.len() as u32] {
+        m.extend_from_slice(&w.to_ne_bytes());
+    }
+    m.extend_from_slice(payload);
+    s.write_all(&m).unwrap();
+}
+
+/// Reads one reply carrying a u64: (request code, value).
+fn raw_reply_u64(s: &mut UnixStream) -> (u32, u64) {
+    use std::io::Read;
+    let mut r = [0u8; 20];
+    s.read_exact(&mut r).unwrap();
+    let w = |i: usize| u32::from_ne_bytes(r[4 * i..4 * i + 4].try_into().unwrap());
+    assert_eq!((w(1) & 0x4, w(2)), (0x4, 8), "a reply with a u64");
+    (w(0), u64::from_ne_bytes(r[12..].try_into().unwrap()))
+}
+
+#[test]
+fn status_is_kept_and_a_broken_queue_reports_needs_reset() {
+    const GET_FEATURES: u32 = 1;
+    const SET_FEATURES: u32 = 2;
+    const SET_OWNER: u32 = 3;
+    const GET_PROTOCOL_FEATURES: u32 = 15;
+    const SET_PROTOCOL_FEATURES: u32 = 16;
+    const SET_STATUS: u32 = 39;
+    const GET_STATUS: u32 = 40;
+    let b = echo_backend("status");
+    let mut s = UnixStream::connect(&b.socket).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    raw_send(&mut s, SET_OWNER, 1, &[]);
+    raw_send(&mut s, GET_FEATURES, 1, &[]);
+    let features = raw_reply_u64(&mut s).1;
+    raw_send(&mut s, SET_FEATURES, 1, &features.to_ne_bytes());
+    raw_send(&mut s, GET_PROTOCOL_FEATURES, 1, &[]);
+    let protocol = raw_reply_u64(&mut s).1;
+    let status_bit = VhostUserProtocolFeatures::STATUS.bits();
+    assert!(protocol & status_bit != 0, "STATUS offered");
+    raw_send(&mut s, SET_PROTOCOL_FEATURES, 1, &protocol.to_ne_bytes());
+    // ACKNOWLEDGE | DRIVER | FEATURES_OK | DRIVER_OK, with REPLY_ACK's NEED_REPLY.
+    raw_send(&mut s, SET_STATUS, 1 | 0x8, &15u64.to_ne_bytes());
+    assert_eq!(raw_reply_u64(&mut s), (SET_STATUS, 0), "acked with success");
+    raw_send(&mut s, GET_STATUS, 1, &[]);
+    assert_eq!(raw_reply_u64(&mut s), (GET_STATUS, 15));
+    // A queue the guest broke: the device asks for a reset (virtio NEEDS_RESET, 0x40).
+    b.device
+        .metrics(1)
+        .set_broken("test: a hostile ring".into());
+    raw_send(&mut s, GET_STATUS, 1, &[]);
+    assert_eq!(raw_reply_u64(&mut s), (GET_STATUS, 15 | 0x40));
+    // The ordinary requests still go through rust-vmm's handler on the same connection.
+    raw_send(&mut s, GET_FEATURES, 1, &[]);
+    assert_eq!(raw_reply_u64(&mut s), (GET_FEATURES, features));
+    drop(s);
+    assert_still_serves(&b);
+}

@@ -1,0 +1,790 @@
+//! `virtnet gen`: a traffic generator on our driver, to measure any vhost-user-net backend
+//! (ours, DPDK's vhost PMD).
+//!
+//! One thread per queue pair runs one of four modes: `txonly` (send as fast as the device
+//! takes frames), `rxonly` (receive what the device produces), `io` (both at once) and `rr`
+//! (round trips through an echoing backend, one frame in flight per pair, with a latency
+//! histogram). Threads sleep on the call eventfds when idle, NAPI-style, unless busy polling
+//! is asked for. Rates are sampled once a second from the lock-free queue counters.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use vnet::feature;
+use vring::Features;
+
+use crate::counters::CountersSnapshot;
+use crate::ctrl::{CtrlMode, CtrlSnapshot};
+use crate::dim::{DimDispatch, DimSnapshot, RxDim, DEFAULT_PROFILE, RX_PROFILES};
+use crate::offload::udp4_frame;
+use crate::{DriverConfig, DriverError, NetDriver, QueuePair, DEFAULT_FEATURES};
+use vnet::NetHdr;
+
+/// What each pair's thread does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    TxOnly,
+    RxOnly,
+    Io,
+    Rr,
+}
+
+impl std::str::FromStr for Mode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Mode, String> {
+        match s {
+            "txonly" => Ok(Mode::TxOnly),
+            "rxonly" => Ok(Mode::RxOnly),
+            "io" => Ok(Mode::Io),
+            "rr" => Ok(Mode::Rr),
+            _ => Err(format!("unknown mode {s:?} (txonly, rxonly, io or rr)")),
+        }
+    }
+}
+
+/// A run's parameters.
+#[derive(Clone, Debug, Serialize)]
+pub struct GenConfig {
+    pub socket: PathBuf,
+    pub mode: Mode,
+    /// Frame size in bytes (Ethernet header included, no FCS), as DPDK's --txpkts.
+    pub size: usize,
+    pub queues: u16,
+    #[serde(serialize_with = "as_secs")]
+    pub duration: Duration,
+    /// Spin on the rings instead of sleeping on the call eventfds.
+    pub busy_poll: bool,
+    pub ctrl: CtrlMode,
+    pub dim: bool,
+    pub queue_size: u16,
+    /// Frames per transmit burst (one kick decision per burst).
+    pub burst: usize,
+    /// Publish the avail index once per burst (tx) or refill (rx) rather than per buffer.
+    pub avail_per_burst: bool,
+    /// How long to keep retrying the connection.
+    #[serde(serialize_with = "as_secs")]
+    pub connect_wait: Duration,
+}
+
+fn as_secs<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_f64(d.as_secs_f64())
+}
+
+impl Default for GenConfig {
+    fn default() -> Self {
+        GenConfig {
+            socket: PathBuf::new(),
+            mode: Mode::TxOnly,
+            size: 64,
+            queues: 1,
+            duration: Duration::from_secs(10),
+            busy_poll: false,
+            ctrl: CtrlMode::Irq,
+            dim: false,
+            queue_size: 256,
+            burst: 32,
+            avail_per_burst: false,
+            connect_wait: Duration::from_secs(2),
+        }
+    }
+}
+
+/// Why a run failed.
+#[derive(Debug, thiserror::Error)]
+pub enum GenError {
+    #[error("{0}")]
+    Driver(#[from] DriverError),
+    #[error("invalid options: {0}")]
+    Options(String),
+    #[error("the device lacks {feature}, needed for {what}")]
+    Negotiation {
+        feature: &'static str,
+        what: &'static str,
+    },
+    #[error("queue pair {pair}: {source}")]
+    Queue { pair: u16, source: DriverError },
+    #[error("the device broke a queue: {reason}")]
+    Broken { reason: String },
+    #[error("cannot start a thread: {0}")]
+    Thread(String),
+}
+
+/// Rates over one interval (per second) or over the whole run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct Rates {
+    /// Seconds since the start, at the end of the interval.
+    pub t_s: f64,
+    pub tx_mpps: f64,
+    pub rx_mpps: f64,
+    pub tx_gbps: f64,
+    pub rx_gbps: f64,
+    /// Kicks (tx and rx refill) and interrupts (call eventfd reads) per packet moved.
+    pub kicks_per_packet: f64,
+    pub interrupts_per_packet: f64,
+    /// rr: round trips per second.
+    pub rtt_per_s: f64,
+}
+
+impl Rates {
+    fn between(a: &Totals, b: &Totals, secs: f64, t_s: f64) -> Rates {
+        let tx = b.tx.since(&a.tx);
+        let rx = b.rx.since(&a.rx);
+        let pkts = (tx.packets + rx.packets).max(1) as f64;
+        let per_s = |n: u64| n as f64 / secs.max(1e-9);
+        Rates {
+            t_s,
+            tx_mpps: per_s(tx.packets) / 1e6,
+            rx_mpps: per_s(rx.packets) / 1e6,
+            tx_gbps: per_s(tx.bytes) * 8.0 / 1e9,
+            rx_gbps: per_s(rx.bytes) * 8.0 / 1e9,
+            kicks_per_packet: (tx.kicks + rx.kicks) as f64 / pkts,
+            interrupts_per_packet: (tx.interrupts + rx.interrupts) as f64 / pkts,
+            rtt_per_s: per_s(b.round_trips - a.round_trips),
+        }
+    }
+}
+
+/// Counters summed over pairs.
+#[derive(Clone, Debug, Default)]
+struct Totals {
+    tx: CountersSnapshot,
+    rx: CountersSnapshot,
+    round_trips: u64,
+}
+
+/// Per-pair results.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct PairReport {
+    pub pair: u16,
+    pub tx: CountersSnapshot,
+    pub rx: CountersSnapshot,
+    pub dim: Option<DimSnapshot>,
+    /// CPU time of the pair's thread.
+    pub cpu_s: f64,
+    /// rr: frames that never came back within the loss timeout.
+    pub lost: u64,
+}
+
+/// Round-trip latency percentiles, in microseconds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct Latency {
+    pub samples: u64,
+    pub min_us: f64,
+    pub p50_us: f64,
+    pub p99_us: f64,
+    pub p999_us: f64,
+    pub max_us: f64,
+    pub mean_us: f64,
+}
+
+/// A whole run.
+#[derive(Clone, Debug, Serialize)]
+pub struct GenReport {
+    pub config: GenConfig,
+    pub features: String,
+    pub pairs: u16,
+    pub seconds: Vec<Rates>,
+    pub summary: Rates,
+    pub elapsed_s: f64,
+    pub per_pair: Vec<PairReport>,
+    pub latency: Option<Latency>,
+    pub ctrl: Option<CtrlSnapshot>,
+    /// CPU time of the generator threads over the run, in percent of one CPU.
+    pub cpu_pct: f64,
+    /// CPU time spent on control commands outside the generator threads: the interrupt-mode
+    /// reaper, or the polling-mode DIM worker, in seconds.
+    pub ctrl_cpu_s: f64,
+}
+
+/// A log-linear latency histogram: exact below 64 ns, then 32 buckets per power of two
+/// (about 3% resolution), in nanoseconds.
+#[derive(Clone, Debug)]
+pub struct Histogram {
+    counts: Vec<u64>,
+    total: u64,
+    sum: u128,
+    min: u64,
+    max: u64,
+}
+
+const SUB_BITS: u32 = 5;
+const SUB: u64 = 1 << SUB_BITS;
+
+impl Default for Histogram {
+    fn default() -> Self {
+        Histogram {
+            counts: vec![0; (2 * SUB + 64 * SUB) as usize],
+            total: 0,
+            sum: 0,
+            min: u64::MAX,
+            max: 0,
+        }
+    }
+}
+
+impl Histogram {
+    fn index(v: u64) -> usize {
+        if v < 2 * SUB {
+            return v as usize;
+        }
+        let msb = 63 - v.leading_zeros();
+        let shift = msb - SUB_BITS;
+        let mantissa = v >> shift; // in [SUB, 2 * SUB)
+        (2 * SUB + (shift as u64 - 1) * SUB + (mantissa - SUB)) as usize
+    }
+
+    /// The middle of bucket `i`'s value range.
+    fn value(i: usize) -> f64 {
+        let i = i as u64;
+        if i < 2 * SUB {
+            return i as f64;
+        }
+        let shift = (i - 2 * SUB) / SUB + 1;
+        let mantissa = (i - 2 * SUB) % SUB + SUB;
+        let low = mantissa << shift;
+        low as f64 + ((1u64 << shift) as f64 - 1.0) / 2.0
+    }
+
+    pub fn record(&mut self, ns: u64) {
+        self.counts[Self::index(ns)] += 1;
+        self.total += 1;
+        self.sum += ns as u128;
+        self.min = self.min.min(ns);
+        self.max = self.max.max(ns);
+    }
+
+    pub fn merge(&mut self, o: &Histogram) {
+        for (a, b) in self.counts.iter_mut().zip(&o.counts) {
+            *a += b;
+        }
+        self.total += o.total;
+        self.sum += o.sum;
+        self.min = self.min.min(o.min);
+        self.max = self.max.max(o.max);
+    }
+
+    pub fn count(&self) -> u64 {
+        self.total
+    }
+
+    /// The value at quantile `q` (0..=1), in nanoseconds.
+    pub fn quantile(&self, q: f64) -> f64 {
+        if self.total == 0 {
+            return 0.0;
+        }
+        let rank = ((q * self.total as f64).ceil() as u64).clamp(1, self.total);
+        let mut seen = 0;
+        for (i, &c) in self.counts.iter().enumerate() {
+            seen += c;
+            if seen >= rank {
+                return Self::value(i).clamp(self.min as f64, self.max as f64);
+            }
+        }
+        self.max as f64
+    }
+
+    fn latency(&self) -> Latency {
+        let us = |ns: f64| ns / 1000.0;
+        Latency {
+            samples: self.total,
+            min_us: us(if self.total == 0 {
+                0.0
+            } else {
+                self.min as f64
+            }),
+            p50_us: us(self.quantile(0.5)),
+            p99_us: us(self.quantile(0.99)),
+            p999_us: us(self.quantile(0.999)),
+            max_us: us(self.max as f64),
+            mean_us: us(self.sum as f64 / self.total.max(1) as f64),
+        }
+    }
+}
+
+/// What a pair's thread hands back.
+struct WorkerResult {
+    histogram: Histogram,
+    cpu_ns: u64,
+    lost: u64,
+}
+
+/// How long an rr frame may take before it counts as lost.
+const RR_LOSS_TIMEOUT: Duration = Duration::from_millis(200);
+/// Frames per rx poll round: the ring is refilled after each round, so a round much shorter
+/// than the ring keeps the device supplied with buffers (Linux's NAPI weight is 64; DPDK
+/// refills every 32).
+const RX_BUDGET: usize = 64;
+
+/// How long a sleeping thread waits before re-checking the stop flag.
+const IDLE_WAIT_MS: i32 = 10;
+
+/// Connects, runs the traffic for `config.duration`, calling `on_second` with each
+/// one-second rate line, and returns the report.
+pub fn run(config: &GenConfig, on_second: &mut dyn FnMut(&Rates)) -> Result<GenReport, GenError> {
+    if config.size < 60 || config.size > 1514 + 4 {
+        return Err(GenError::Options(format!(
+            "--size {} is outside 60..=1518",
+            config.size
+        )));
+    }
+    if config.queues == 0 {
+        return Err(GenError::Options("--queues must be at least 1".into()));
+    }
+    let use_ctrl = config.queues > 1 || config.dim;
+    let dcfg = DriverConfig {
+        pairs: config.queues,
+        queue_size: config.queue_size,
+        // A busy-polling driver needs no notifications: without EVENT_IDX the device skips the
+        // event-index bookkeeping (as with DPDK's virtio-user, which never offers it).
+        features: if config.busy_poll {
+            DEFAULT_FEATURES.difference(Features::RING_EVENT_IDX)
+        } else {
+            DEFAULT_FEATURES
+        },
+        ctrl: use_ctrl.then_some(config.ctrl),
+        tx_buf_len: (config.size as u32 + 64).next_multiple_of(64).max(2048),
+        connect_wait: config.connect_wait,
+        ..Default::default()
+    };
+    let mut driver = NetDriver::connect(&config.socket, &dcfg)?;
+    let features = driver.features();
+    if config.dim && !features.contains(feature::VQ_NOTF_COAL) {
+        return Err(GenError::Negotiation {
+            feature: "VQ_NOTF_COAL",
+            what: "--dim on",
+        });
+    }
+    let mut pairs = driver.take_pairs();
+    let mut dims = Vec::new();
+    let mut dim_dispatch = None;
+    if config.dim {
+        let Some(ctrl) = driver.ctrl().cloned() else {
+            return Err(GenError::Negotiation {
+                feature: "CTRL_VQ",
+                what: "--dim on",
+            });
+        };
+        // Start every rx queue at DIM's default profile, so device and DIM agree.
+        for p in &pairs {
+            driver.set_vq_coalesce(p.rx.vq(), RX_PROFILES[DEFAULT_PROFILE])?;
+        }
+        let dispatch = DimDispatch::for_queue(&ctrl);
+        dim_dispatch = Some(dispatch.clone());
+        for p in pairs.iter_mut() {
+            let dim = RxDim::new(p.rx.vq(), dispatch.clone(), DEFAULT_PROFILE);
+            dims.push(dim.counters.clone());
+            p.rx.attach_dim(dim);
+        }
+    }
+    let dst = driver.mac().unwrap_or([0x02, 0, 0, 0, 0, 0x02]);
+    let src = [0x02, 0, 0, 0, 0, 0x01];
+    let stop = Arc::new(AtomicBool::new(false));
+    let round_trips: Vec<Arc<crate::counters::Counter>> = pairs
+        .iter()
+        .map(|_| Arc::new(crate::counters::Counter::default()))
+        .collect();
+    let reaper_cpu0 = driver.ctrl().map_or(0, |c| c.reaper_cpu_ns());
+    let started = Instant::now();
+    let threads: Vec<_> = pairs
+        .into_iter()
+        .zip(&round_trips)
+        .map(|(p, rt)| {
+            let (stop, rt, cfg) = (stop.clone(), rt.clone(), config.clone());
+            let pair = p.pair;
+            std::thread::Builder::new()
+                .name(format!("gen-pair{pair}"))
+                .spawn(move || worker(p, &cfg, dst, src, &stop, &rt))
+                .map(|t| (pair, t))
+                .map_err(|e| GenError::Thread(e.to_string()))
+        })
+        .collect::<Result<_, _>>()?;
+
+    let totals = |driver: &NetDriver| {
+        let mut t = Totals::default();
+        for (rx, tx) in driver.counters() {
+            t.rx.accumulate(&rx.snapshot());
+            t.tx.accumulate(&tx.snapshot());
+        }
+        t.round_trips = round_trips.iter().map(|c| c.get()).sum();
+        t
+    };
+    let mut seconds = Vec::new();
+    let mut last = totals(&driver);
+    let mut last_at = started;
+    let first = last.clone();
+    let end = started + config.duration;
+    let mut broken = None;
+    while Instant::now() < end {
+        let next = (last_at + Duration::from_secs(1)).min(end);
+        std::thread::sleep(next.saturating_duration_since(Instant::now()));
+        let now = Instant::now();
+        let t = totals(&driver);
+        let line = Rates::between(
+            &last,
+            &t,
+            (now - last_at).as_secs_f64(),
+            (now - started).as_secs_f64(),
+        );
+        on_second(&line);
+        seconds.push(line);
+        if let Some(b) = t.tx.broken.clone().or(t.rx.broken.clone()) {
+            broken = Some(b);
+            break;
+        }
+        if threads.iter().any(|(_, t)| t.is_finished()) {
+            break;
+        }
+        last = t;
+        last_at = now;
+    }
+    let elapsed = started.elapsed();
+    stop.store(true, Relaxed);
+    let mut per_pair = Vec::new();
+    let mut hist = Histogram::default();
+    let mut cpu_ns = 0;
+    let mut first_err = None;
+    let end_totals = totals(&driver);
+    for (pair, t) in threads {
+        match t.join() {
+            Ok(Ok(r)) => {
+                hist.merge(&r.histogram);
+                cpu_ns += r.cpu_ns;
+                let (rx, tx) = &driver.counters()[pair as usize];
+                per_pair.push(PairReport {
+                    pair,
+                    tx: tx.snapshot(),
+                    rx: rx.snapshot(),
+                    dim: dims.get(pair as usize).map(|d| d.snapshot()),
+                    cpu_s: r.cpu_ns as f64 / 1e9,
+                    lost: r.lost,
+                });
+            }
+            Ok(Err(e)) => {
+                first_err.get_or_insert(GenError::Queue { pair, source: e });
+            }
+            Err(_) => {
+                first_err.get_or_insert(GenError::Thread(format!("pair {pair}'s thread panicked")));
+            }
+        }
+    }
+    if let Some(e) = first_err {
+        return Err(e);
+    }
+    if let Some(reason) = broken {
+        return Err(GenError::Broken { reason });
+    }
+    let summary = Rates::between(
+        &first,
+        &end_totals,
+        elapsed.as_secs_f64(),
+        elapsed.as_secs_f64(),
+    );
+    Ok(GenReport {
+        config: config.clone(),
+        features: features.to_string(),
+        pairs: driver.pairs(),
+        seconds,
+        summary,
+        elapsed_s: elapsed.as_secs_f64(),
+        per_pair,
+        latency: (config.mode == Mode::Rr).then(|| hist.latency()),
+        ctrl: driver.ctrl().map(|c| c.counters()),
+        cpu_pct: cpu_ns as f64 / 1e9 / elapsed.as_secs_f64().max(1e-9) * 100.0,
+        ctrl_cpu_s: (driver
+            .ctrl()
+            .map_or(0, |c| c.reaper_cpu_ns())
+            .saturating_sub(reaper_cpu0)
+            + dim_dispatch.map_or(0, |d| d.worker_cpu_ns())) as f64
+            / 1e9,
+    })
+}
+
+/// One pair's thread.
+fn worker(
+    mut p: QueuePair,
+    cfg: &GenConfig,
+    dst: [u8; 6],
+    src: [u8; 6],
+    stop: &AtomicBool,
+    round_trips: &crate::counters::Counter,
+) -> Result<WorkerResult, DriverError> {
+    let mut histogram = Histogram::default();
+    let mut lost = 0;
+    p.tx.set_avail_per_burst(cfg.avail_per_burst);
+    p.rx.set_avail_per_burst(cfg.avail_per_burst);
+    p.tx.set_busy_poll(cfg.busy_poll);
+    let busy = cfg.busy_poll;
+    let rx_poll = move |rx: &mut crate::RxQueue, budget: usize| {
+        if busy {
+            rx.poll_busy_count(budget)
+        } else {
+            rx.poll_count(budget)
+        }
+    };
+    let frame = udp4_frame(cfg.size, dst, src, &[]);
+    match cfg.mode {
+        Mode::TxOnly => {
+            while !stop.load(Relaxed) {
+                transmit_burst(&mut p, &frame, cfg.burst)?;
+                if p.tx.is_stopped() {
+                    wait_tx(&mut p, cfg.busy_poll)?;
+                }
+            }
+        }
+        Mode::RxOnly => {
+            while !stop.load(Relaxed) {
+                let n = rx_poll(&mut p.rx, RX_BUDGET)?;
+                if n < RX_BUDGET && !cfg.busy_poll {
+                    p.rx.wait(IDLE_WAIT_MS);
+                }
+            }
+        }
+        Mode::Io => {
+            use std::os::fd::AsRawFd;
+            while !stop.load(Relaxed) {
+                let sent = transmit_burst(&mut p, &frame, cfg.burst)?;
+                let got = rx_poll(&mut p.rx, RX_BUDGET)?;
+                if sent == 0 && got < RX_BUDGET && !cfg.busy_poll {
+                    let fds = [p.rx.call_fd().as_raw_fd(), p.tx.call_fd().as_raw_fd()];
+                    let ready = virtnet_sys::poll_readable(&fds, IDLE_WAIT_MS);
+                    if ready & 1 != 0 {
+                        p.rx.ack_interrupt();
+                    }
+                    if ready & 2 != 0 {
+                        p.tx.ack_interrupt();
+                        p.tx.reclaim(usize::MAX)?;
+                    }
+                }
+            }
+        }
+        Mode::Rr => {
+            let mut seq: u64 = 0;
+            let mut frame = frame;
+            while !stop.load(Relaxed) {
+                seq += 1;
+                frame[42..50].copy_from_slice(&seq.to_le_bytes());
+                while !p.tx.send(&frame, NetHdr::default())? {
+                    wait_tx(&mut p, cfg.busy_poll)?;
+                }
+                let sent_at = Instant::now();
+                p.tx.flush();
+                let deadline = sent_at + RR_LOSS_TIMEOUT;
+                let mut back = false;
+                while !back && !stop.load(Relaxed) {
+                    let n = p.rx.poll(64, |f| {
+                        if f.len() >= 50 && f[42..50] == seq.to_le_bytes() {
+                            back = true;
+                        }
+                    })?;
+                    if back {
+                        histogram.record(sent_at.elapsed().as_nanos() as u64);
+                        round_trips.add(1);
+                        break;
+                    }
+                    if Instant::now() >= deadline {
+                        lost += 1;
+                        break;
+                    }
+                    if n == 0 && !cfg.busy_poll {
+                        p.rx.wait(1);
+                    }
+                }
+            }
+        }
+    }
+    // Let the device finish what it took, so our counters and the peer's agree.
+    p.tx.drain(Duration::from_secs(1))?;
+    if cfg.mode != Mode::TxOnly {
+        let idle_until = Instant::now() + Duration::from_millis(20);
+        while Instant::now() < idle_until {
+            if rx_poll(&mut p.rx, RX_BUDGET)? == 0 {
+                if busy {
+                    std::thread::sleep(Duration::from_millis(1));
+                } else {
+                    p.rx.wait(2);
+                }
+            }
+        }
+    }
+    Ok(WorkerResult {
+        histogram,
+        cpu_ns: virtnet_sys::thread_cpu_ns(),
+        lost,
+    })
+}
+
+/// Sends up to `burst` copies of `frame`; returns how many went.
+fn transmit_burst(p: &mut QueuePair, frame: &[u8], burst: usize) -> Result<usize, DriverError> {
+    let mut n = 0;
+    // The frame never changes: tag it, so buffers that already hold it are not rewritten.
+    while n < burst && p.tx.send_tagged(frame, NetHdr::default(), 1)? {
+        n += 1;
+    }
+    p.tx.flush();
+    Ok(n)
+}
+
+/// Waits until the stopped tx queue has room: spinning on reclaim, or asleep on the
+/// delayed tx interrupt.
+fn wait_tx(p: &mut QueuePair, busy_poll: bool) -> Result<(), DriverError> {
+    if busy_poll {
+        p.tx.reclaim(usize::MAX)?;
+    } else {
+        p.tx.wait_wake(IDLE_WAIT_MS)?;
+    }
+    Ok(())
+}
+
+impl GenReport {
+    /// The human-readable summary.
+    pub fn render(&self) -> String {
+        use std::fmt::Write;
+        let s = &self.summary;
+        let mut o = String::new();
+        let _ = writeln!(
+            o,
+            "summary: {:?} {} B, {} pair(s), {:.1} s{}{}",
+            self.config.mode,
+            self.config.size,
+            self.pairs,
+            self.elapsed_s,
+            if self.config.busy_poll {
+                ", busy-poll"
+            } else {
+                ""
+            },
+            if self.config.dim { ", DIM on" } else { "" },
+        );
+        let _ = writeln!(
+            o,
+            "  tx {:>8.3} Mpps {:>7.3} Gbit/s   rx {:>8.3} Mpps {:>7.3} Gbit/s",
+            s.tx_mpps, s.tx_gbps, s.rx_mpps, s.rx_gbps
+        );
+        let _ = writeln!(
+            o,
+            "  kicks/packet {:.4}   interrupts/packet {:.4}   cpu {:.0}%",
+            s.kicks_per_packet, s.interrupts_per_packet, self.cpu_pct
+        );
+        for p in &self.per_pair {
+            let _ = write!(
+                o,
+                "  pair {}: tx {} pkts ({} stops, {} kicks, {} irqs)  rx {} pkts ({} irqs, {} dropped)",
+                p.pair, p.tx.packets, p.tx.stops, p.tx.kicks, p.tx.interrupts, p.rx.packets,
+                p.rx.interrupts, p.rx.dropped
+            );
+            if let Some(d) = &p.dim {
+                let _ = write!(
+                    o,
+                    "  dim profile {} ({} changes, {} failed)",
+                    d.profile, d.applied, d.failed
+                );
+            }
+            if self.config.mode == Mode::Rr {
+                let _ = write!(o, "  lost {}", p.lost);
+            }
+            let _ = writeln!(o);
+        }
+        if let Some(l) = &self.latency {
+            let _ = writeln!(
+                o,
+                "  round trips {} ({:.0}/s): min {:.1} us  p50 {:.1} us  p99 {:.1} us  p99.9 {:.1} us  max {:.1} us",
+                l.samples, s.rtt_per_s, l.min_us, l.p50_us, l.p99_us, l.p999_us, l.max_us
+            );
+        }
+        if let Some(c) = &self.ctrl {
+            let _ = writeln!(
+                o,
+                "  ctrl ({:?}): {} commands, {} interrupts, {} timeouts, {:.3} s CPU outside the pair threads",
+                self.config.ctrl, c.completed, c.interrupts, c.timeouts, self.ctrl_cpu_s
+            );
+        }
+        o
+    }
+}
+
+impl Rates {
+    /// One progress line.
+    pub fn render(&self) -> String {
+        format!(
+            "{:>6.1} s  tx {:>7.3} Mpps {:>6.2} Gbit/s  rx {:>7.3} Mpps {:>6.2} Gbit/s  kicks/pkt {:.4}  irqs/pkt {:.4}{}",
+            self.t_s,
+            self.tx_mpps,
+            self.tx_gbps,
+            self.rx_mpps,
+            self.rx_gbps,
+            self.kicks_per_packet,
+            self.interrupts_per_packet,
+            if self.rtt_per_s > 0.0 {
+                format!("  rtt/s {:.0}", self.rtt_per_s)
+            } else {
+                String::new()
+            }
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_buckets_are_monotonic_and_close() {
+        let mut last = 0;
+        for v in (0..100_000u64).chain([1 << 20, 123_456_789, u64::MAX / 4]) {
+            let i = Histogram::index(v);
+            assert!(
+                i >= last || v < 100_000 && i == last,
+                "index goes back at {v}"
+            );
+            last = last.max(i);
+            let mid = Histogram::value(i);
+            assert!(
+                (mid - v as f64).abs() <= v as f64 / 32.0 + 1.0,
+                "{v} -> {mid}"
+            );
+        }
+    }
+
+    #[test]
+    fn histogram_quantiles() {
+        let mut h = Histogram::default();
+        for v in 1..=1000u64 {
+            h.record(v * 1000);
+        }
+        let p50 = h.quantile(0.5);
+        assert!((p50 - 500_000.0).abs() < 500_000.0 * 0.04, "{p50}");
+        let p99 = h.quantile(0.99);
+        assert!((p99 - 990_000.0).abs() < 990_000.0 * 0.04, "{p99}");
+        assert_eq!(h.quantile(1.0), 1_000_000.0);
+        let mut g = Histogram::default();
+        g.record(5);
+        h.merge(&g);
+        assert_eq!((h.count(), h.quantile(0.0)), (1001, 5.0));
+        assert_eq!(Histogram::default().quantile(0.5), 0.0);
+    }
+
+    #[test]
+    fn modes_parse() {
+        assert_eq!("rr".parse::<Mode>(), Ok(Mode::Rr));
+        assert!("bogus".parse::<Mode>().is_err());
+    }
+
+    #[test]
+    fn a_missing_socket_is_a_clear_error() {
+        let cfg = GenConfig {
+            socket: "/nonexistent/virtnet.sock".into(),
+            connect_wait: Duration::from_millis(50),
+            ..Default::default()
+        };
+        let err = run(&cfg, &mut |_| {}).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("cannot connect to /nonexistent/virtnet.sock"),
+            "{err}"
+        );
+    }
+}

@@ -1,0 +1,527 @@
+//! The transmit half of a queue pair (spec 5.1.6.2), as Linux's virtio_net since its 2011 event-index series:
+//!
+//! - capacity is checked before adding: the queue stops when fewer descriptors than a
+//!   worst-case packet remain (or no buffer is free), and restarts from the completion path;
+//! - completions are reclaimed in bounded amounts per transmit call ("limit xmit polling");
+//! - while stopped, the completion interrupt is a delayed callback (`enable_cb_delayed`): one
+//!   interrupt once 3/4 of what is in flight has completed, not one per frame;
+//! - the avail index is published on every add, the kick is decided once per burst.
+//!
+//! The first three can be switched off, for `virtnet bench` to measure what each buys (the
+//! driver before that series): [`TxQueue::set_capacity_stop`], [`TxQueue::set_bounded_reclaim`],
+//! [`TxQueue::set_delayed_callbacks`].
+
+use std::sync::Arc;
+
+use vmm_sys_util::eventfd::EventFd;
+use vring::{Buf, DriverQueue, GuestAddress, GuestMemory};
+
+use super::counters::QueueCounters;
+use super::offload::{self, TxOffloads};
+use super::{ring_error, BufPool, DriverError};
+use crate::frontend::{Allocator, FrontendError, QueueSetup};
+use vnet::{NetHdr, HDR_F_NEEDS_CSUM, HDR_GSO_NONE};
+
+/// Descriptors a worst-case packet needs: Linux's `2 + MAX_SKB_FRAGS`.
+pub const TX_WORST_CASE_DESCS: u16 = 2 + 17;
+/// Completions reclaimed per transmit call ("limit xmit polling").
+pub const TX_RECLAIM_BUDGET: usize = 32;
+
+/// The transmit half of a queue pair.
+#[derive(Debug)]
+pub struct TxQueue {
+    vq: u16,
+    q: DriverQueue<u16>,
+    pool: BufPool,
+    mem: Arc<GuestMemory>,
+    kick: EventFd,
+    call: EventFd,
+    hdr_len: usize,
+    offloads: TxOffloads,
+    /// Reclaim from the transmit path only below this many free descriptors (two budgets'
+    /// worth): reading the used index costs a cache-line transfer from a device that keeps
+    /// writing it, worth paying once per budget of completions, not on every frame.
+    reclaim_below: u16,
+    /// The header last written into each buffer: an unchanged header is not written again.
+    slot_hdr: Vec<Option<NetHdr>>,
+    /// The caller's tag for the frame body last written into each buffer (see
+    /// [`TxQueue::send_tagged`]).
+    slot_tag: Vec<Option<u64>>,
+    stopped: bool,
+    pending_kick: bool,
+    /// The owner polls instead of sleeping: never ask the device for an interrupt.
+    busy_poll: bool,
+    /// A stopped queue restarts once this many descriptors are free.
+    wake_at: u16,
+    /// Ask for the completion interrupt after 3/4 of what is in flight (the event-index series' delayed
+    /// callback, the default) rather than at the next completion (for `virtnet bench`).
+    delayed_cb: bool,
+    /// Stop the queue while a worst-case packet still fits (the default, as Linux), rather
+    /// than find the ring full when a frame is added (for `virtnet bench`).
+    capacity_stop: bool,
+    /// Reclaim at most [`TX_RECLAIM_BUDGET`] completions per transmit call, and only when
+    /// short of room (the default, as Linux), rather than all of them on every call.
+    bounded_reclaim: bool,
+    pub counters: Arc<QueueCounters>,
+}
+
+impl TxQueue {
+    /// The tx queue of pair 0 (virtqueue 1), with one `buf_len`-byte buffer per descriptor.
+    pub fn new(
+        setup: &QueueSetup,
+        mem: &Arc<GuestMemory>,
+        alloc: &mut Allocator,
+        buf_len: u32,
+    ) -> Result<TxQueue, DriverError> {
+        TxQueue::with_vq(1, setup, mem, alloc, buf_len)
+    }
+
+    /// The tx queue at virtqueue index `vq` (2 * pair + 1).
+    pub fn with_vq(
+        vq: u16,
+        setup: &QueueSetup,
+        mem: &Arc<GuestMemory>,
+        alloc: &mut Allocator,
+        buf_len: u32,
+    ) -> Result<TxQueue, DriverError> {
+        let q = DriverQueue::activate(&setup.config, mem.clone(), setup.indirect)
+            .map_err(|source| DriverError::Ring { vq, source })?;
+        let size = setup.config.size();
+        let pool = BufPool::new(alloc, size, buf_len)?;
+        let features = setup.config.features();
+        let mut q = TxQueue {
+            vq,
+            q,
+            pool,
+            mem: mem.clone(),
+            kick: setup.kick.try_clone().map_err(FrontendError::from)?,
+            call: setup.call.try_clone().map_err(FrontendError::from)?,
+            hdr_len: vnet::hdr_len(features),
+            offloads: TxOffloads::from_features(features),
+            reclaim_below: (2 * TX_RECLAIM_BUDGET as u16)
+                .min(size / 2)
+                .max(TX_WORST_CASE_DESCS.min(size)),
+            slot_hdr: vec![None; size as usize],
+            slot_tag: vec![None; size as usize],
+            stopped: false,
+            pending_kick: false,
+            busy_poll: false,
+            delayed_cb: true,
+            capacity_stop: true,
+            bounded_reclaim: true,
+            wake_at: TX_WORST_CASE_DESCS.min(size),
+            counters: Arc::new(QueueCounters::default()),
+        };
+        // Completions are reclaimed from the transmit path; interrupts only while stopped.
+        q.q.disable_cb();
+        Ok(q)
+    }
+
+    pub fn vq(&self) -> u16 {
+        self.vq
+    }
+
+    /// Publishes the avail index once per burst ([`TxQueue::flush`]) instead of on every
+    /// frame. Linux's event-index series made every add publish, which lets a sleeping device start early; a
+    /// device that polls the ring instead pays a cache-line transfer per frame for it. Off by
+    /// default.
+    pub fn set_avail_per_burst(&mut self, on: bool) {
+        self.q.set_publish_on_kick(on);
+    }
+
+    /// Delayed completion callbacks on (the default) or off. Off is the driver before seed
+    /// 002: completion interrupts stay enabled (re-armed at the next completion on every flush
+    /// and stop), so the owner should read the call eventfd (`ack_interrupt`) after each burst.
+    /// For measurements.
+    pub fn set_delayed_callbacks(&mut self, on: bool) {
+        self.delayed_cb = on;
+    }
+
+    fn enable_completion_cb(&mut self) -> bool {
+        if self.delayed_cb {
+            self.q.enable_cb_delayed()
+        } else {
+            self.q.enable_cb()
+        }
+    }
+
+    /// Capacity stop/wake on (the default) or off. Off is the driver before the event-index series: no
+    /// capacity check before adding; a frame that finds the ring full is not sent (counted in
+    /// `ring_full`, [`TxQueue::send`] returns false as Linux's NETDEV_TX_BUSY, for the caller
+    /// to retry), the queue stops then, and restarts as soon as one frame fits again. For
+    /// measurements.
+    pub fn set_capacity_stop(&mut self, on: bool) {
+        self.capacity_stop = on;
+    }
+
+    /// Bounded reclaim on (the default) or off. Off is the driver before the event-index series: every
+    /// transmit call first reclaims every completion the device has published. For
+    /// measurements.
+    pub fn set_bounded_reclaim(&mut self, on: bool) {
+        self.bounded_reclaim = on;
+    }
+
+    /// The owner busy-polls [`TxQueue::reclaim`] while stopped, so stopping asks for no
+    /// completion interrupt: the device is spared the eventfd writes.
+    pub fn set_busy_poll(&mut self, on: bool) {
+        self.busy_poll = on;
+    }
+
+    /// Restarts a stopped queue only once `free` descriptors are free (at least a worst-case
+    /// packet's): hysteresis, so that a polling owner sends in bursts instead of a frame
+    /// per completion.
+    pub fn set_wake_threshold(&mut self, free: u16) {
+        let size = self.q.config().size();
+        self.wake_at = free.clamp(TX_WORST_CASE_DESCS.min(size), size);
+    }
+
+    pub fn is_stopped(&self) -> bool {
+        self.stopped
+    }
+    pub fn call_fd(&self) -> &EventFd {
+        &self.call
+    }
+    pub fn ring(&self) -> &DriverQueue<u16> {
+        &self.q
+    }
+    pub fn offloads(&self) -> TxOffloads {
+        self.offloads
+    }
+    /// The largest frame one buffer takes.
+    pub fn max_frame(&self) -> usize {
+        self.pool.buf_len as usize - self.hdr_len
+    }
+    /// Frames handed to the device and not yet reclaimed.
+    pub fn in_flight(&self) -> u16 {
+        self.q.in_flight()
+    }
+
+    /// Reclaims up to `budget` completions and restarts a stopped queue that has room again;
+    /// returns how many were reclaimed.
+    pub fn reclaim(&mut self, budget: usize) -> Result<usize, DriverError> {
+        let mut n = 0;
+        while n < budget {
+            match self.q.get_used() {
+                Ok(Some((slot, _))) => {
+                    // The engine checked the id against its own in-flight table and gave back
+                    // our token: `slot` is one of ours.
+                    self.pool.free.push_back(slot);
+                    n += 1;
+                }
+                Ok(None) => break,
+                Err(e) => return Err(ring_error(self.vq, &self.counters, e)),
+            }
+        }
+        self.counters.completed.add(n as u64);
+        if self.stopped && self.can_wake() {
+            self.stopped = false;
+            self.counters.wakes.add(1);
+            self.q.disable_cb();
+        }
+        Ok(n)
+    }
+
+    fn has_room(&self) -> bool {
+        self.q.num_free() >= TX_WORST_CASE_DESCS.min(self.q.config().size())
+            && !self.pool.free.is_empty()
+    }
+
+    /// Whether a stopped queue may restart: with capacity stop/wake, once `wake_at`
+    /// descriptors and a worst-case packet's room are free; without, once one frame fits.
+    fn can_wake(&self) -> bool {
+        if self.capacity_stop {
+            self.q.num_free() >= self.wake_at && self.has_room()
+        } else {
+            self.q.num_free() > 0 && !self.pool.free.is_empty()
+        }
+    }
+
+    /// Queues one frame behind header `hdr`. Returns Ok(false) when the queue is stopped: the
+    /// caller waits with [`TxQueue::wait_wake`] or polls [`TxQueue::reclaim`]. The frame is
+    /// exposed to the device at once (avail index published); the kick waits for
+    /// [`TxQueue::flush`], so a burst costs at most one kick.
+    pub fn send(&mut self, frame: &[u8], hdr: NetHdr) -> Result<bool, DriverError> {
+        self.send_inner(frame, hdr, None)
+    }
+
+    /// Like [`TxQueue::send`] for a frame the caller sends again and again: `tag` names its
+    /// content, and a buffer that already holds the frame with that tag is not written again
+    /// (the device only reads tx buffers). A traffic generator's frames then cost the
+    /// descriptor only, as DPDK's txonly reuses its mbufs.
+    pub fn send_tagged(
+        &mut self,
+        frame: &[u8],
+        hdr: NetHdr,
+        tag: u64,
+    ) -> Result<bool, DriverError> {
+        self.send_inner(frame, hdr, Some(tag))
+    }
+
+    fn send_inner(
+        &mut self,
+        frame: &[u8],
+        hdr: NetHdr,
+        tag: Option<u64>,
+    ) -> Result<bool, DriverError> {
+        if !self.bounded_reclaim {
+            // Before the event-index series: every transmit first frees everything completed.
+            self.reclaim(usize::MAX)?;
+        } else if self.q.num_free() < self.reclaim_below || self.stopped {
+            self.reclaim(TX_RECLAIM_BUDGET)?;
+        }
+        if self.stopped {
+            return Ok(false);
+        }
+        if frame.len() > self.max_frame() {
+            return Err(DriverError::FrameTooLarge {
+                len: frame.len(),
+                max: self.max_frame(),
+            });
+        }
+        let Some(slot) = self.pool.free.pop_back() else {
+            // One buffer per descriptor: no buffer left means the ring is full. With capacity
+            // stop/wake the queue stopped before this could happen.
+            return self.ring_full();
+        };
+        let at = self.pool.addr(slot);
+        let body = GuestAddress(at.0 + self.hdr_len as u64);
+        // The buffer is ours alone to write (the device only reads tx buffers), so a header
+        // equal to the one already there need not be copied again.
+        let hdr_slot = &mut self.slot_hdr[slot as usize];
+        let written = if *hdr_slot == Some(hdr) {
+            Ok(())
+        } else {
+            *hdr_slot = Some(hdr);
+            self.mem.write(at, &hdr.to_bytes()[..self.hdr_len])
+        }
+        .and_then(|()| {
+            let tag_slot = &mut self.slot_tag[slot as usize];
+            if tag.is_some() && *tag_slot == tag {
+                return Ok(());
+            }
+            *tag_slot = tag;
+            self.mem.write(body, frame)
+        });
+        let len = (self.hdr_len + frame.len()) as u32;
+        if let Err(e) = written.and_then(|()| self.q.add(&[Buf::new(at, len)], &[], slot)) {
+            self.slot_hdr[slot as usize] = None;
+            self.slot_tag[slot as usize] = None;
+            self.pool.free.push_back(slot);
+            if let vring::Error::QueueFull { .. } = e {
+                return self.ring_full();
+            }
+            return Err(ring_error(self.vq, &self.counters, e));
+        }
+        self.pending_kick = true;
+        self.counters.packets.add(1);
+        self.counters.bytes.add(frame.len() as u64);
+        if hdr.flags & HDR_F_NEEDS_CSUM != 0 {
+            self.counters.csum_offloaded.add(1);
+        }
+        if hdr.gso_type != HDR_GSO_NONE {
+            self.counters.gso_offloaded.add(1);
+        }
+        if self.capacity_stop && !self.has_room() {
+            self.stop()?;
+        }
+        Ok(true)
+    }
+
+    /// The frame found the ring full: it is not sent, and the queue stops until completions
+    /// free room (the caller sends the frame again then).
+    fn ring_full(&mut self) -> Result<bool, DriverError> {
+        self.counters.ring_full.add(1);
+        self.stop()?;
+        Ok(false)
+    }
+
+    /// Like [`TxQueue::send`], with the header built from the negotiated offloads (checksum,
+    /// and TSO with segments of `mss` bytes); the frame's checksum field is prepared for it.
+    pub fn send_offloaded(
+        &mut self,
+        frame: &mut [u8],
+        mss: Option<u16>,
+    ) -> Result<bool, DriverError> {
+        let hdr = offload::prepare(frame, self.offloads, mss);
+        self.send(frame, hdr)
+    }
+
+    /// Stops the queue, asking for an interrupt once 3/4 of what is in flight completes
+    /// (delayed callback); if that many already did, reclaims and restarts at once.
+    fn stop(&mut self) -> Result<(), DriverError> {
+        self.stopped = true;
+        self.counters.stops.add(1);
+        self.flush();
+        if self.busy_poll {
+            return Ok(());
+        }
+        if self.enable_completion_cb() {
+            self.reclaim(usize::MAX)?;
+        }
+        Ok(())
+    }
+
+    /// Kicks the device if it asked for it, for the frames sent since the last flush.
+    pub fn flush(&mut self) {
+        if std::mem::take(&mut self.pending_kick) && self.q.kick_prepare() {
+            let _ = self.kick.write(1);
+            self.counters.kicks.add(1);
+        }
+        if !self.delayed_cb && !self.busy_poll {
+            // Before the event-index series: tx completion interrupts stay enabled (at the next completion).
+            self.q.enable_cb();
+        }
+    }
+
+    /// Blocks until the stopped queue can send again, or `timeout_ms` passes (negative:
+    /// forever). Returns whether it is running.
+    pub fn wait_wake(&mut self, timeout_ms: i32) -> Result<bool, DriverError> {
+        if !self.stopped {
+            return Ok(true);
+        }
+        if super::wait_readable(&self.call, timeout_ms) {
+            self.ack_interrupt();
+        }
+        self.reclaim(usize::MAX)?;
+        if self.stopped && self.enable_completion_cb() {
+            self.reclaim(usize::MAX)?;
+        }
+        Ok(!self.stopped)
+    }
+
+    /// Reads the call eventfd and counts an interrupt if one was pending.
+    pub fn ack_interrupt(&mut self) -> bool {
+        let fired = self.call.read().is_ok();
+        if fired {
+            self.counters.interrupts.add(1);
+        }
+        fired
+    }
+
+    /// Reclaims everything the device has completed until nothing is in flight, for a clean
+    /// stop; gives up after `timeout`. Returns whether the queue drained. It polls (every
+    /// millisecond) rather than taking interrupts: a shutdown path, not a data path.
+    pub fn drain(&mut self, timeout: std::time::Duration) -> Result<bool, DriverError> {
+        self.flush();
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            self.reclaim(usize::MAX)?;
+            let drained = self.q.in_flight() == 0;
+            if drained || std::time::Instant::now() >= deadline {
+                return Ok(drained);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hand_built;
+    use vring::{DeviceQueue, Features};
+
+    /// A tx queue of `size` with a device side we drive by hand.
+    struct Rig {
+        tx: TxQueue,
+        device: DeviceQueue,
+    }
+
+    fn rig(size: u16) -> Rig {
+        let features = Features::VERSION_1 | Features::RING_EVENT_IDX;
+        let (mem, setup, mut alloc) = hand_built(1, size, features);
+        let tx = TxQueue::new(&setup, &mem, &mut alloc, 256).unwrap();
+        let device = DeviceQueue::activate(&setup.config, mem, 0).unwrap();
+        Rig { tx, device }
+    }
+
+    impl Rig {
+        /// Sends frames until the queue refuses one; returns how many it took.
+        fn fill(&mut self) -> usize {
+            let mut sent = 0;
+            while self.tx.send(&[0u8; 60], NetHdr::default()).unwrap() {
+                sent += 1;
+            }
+            sent
+        }
+
+        /// The device completes `n` frames and publishes them.
+        fn complete(&mut self, n: usize) {
+            for _ in 0..n {
+                let c = self.device.pop().unwrap().expect("a frame in flight");
+                self.device.add_used(c.head(), 0).unwrap();
+            }
+            self.device.flush();
+        }
+    }
+
+    #[test]
+    fn delayed_callbacks_ask_for_an_interrupt_after_three_quarters_in_flight() {
+        for delayed in [true, false] {
+            let mut r = rig(64);
+            r.tx.set_delayed_callbacks(delayed);
+            // The device's first decision after activation always notifies: take it now.
+            r.device.needs_notification();
+            // The queue stops full, asking for its completion interrupt.
+            let sent = r.fill() as u16;
+            assert!(r.tx.is_stopped());
+            let first = (1..=sent).find(|_| {
+                r.complete(1);
+                r.device.needs_notification()
+            });
+            let expected = if delayed { sent * 3 / 4 + 1 } else { 1 };
+            assert_eq!(first, Some(expected), "delayed {delayed}");
+        }
+    }
+
+    #[test]
+    fn capacity_stop_stops_while_a_worst_case_packet_still_fits() {
+        let mut r = rig(64);
+        let sent = r.fill();
+        // Stopped after the send that left fewer than a worst-case packet's descriptors.
+        assert_eq!(sent, 64 - TX_WORST_CASE_DESCS as usize + 1);
+        assert!(r.tx.is_stopped());
+        assert_eq!(r.tx.ring().num_free(), TX_WORST_CASE_DESCS - 1);
+        assert_eq!(r.tx.counters.stops, 1);
+        assert_eq!(r.tx.counters.ring_full, 0);
+    }
+
+    #[test]
+    fn without_capacity_stop_a_frame_finds_the_ring_full() {
+        let mut r = rig(64);
+        r.tx.set_capacity_stop(false);
+        let sent = r.fill();
+        // Every descriptor used; the next frame found the ring full and was not sent.
+        assert_eq!(sent, 64);
+        assert_eq!(r.tx.ring().num_free(), 0);
+        assert!(r.tx.is_stopped());
+        assert_eq!(r.tx.counters.ring_full, 1);
+        assert_eq!(r.tx.counters.stops, 1);
+        assert_eq!(r.tx.counters.packets, 64);
+        // One completion is enough to restart: the queue wakes as soon as a frame fits.
+        r.complete(1);
+        r.tx.reclaim(usize::MAX).unwrap();
+        assert!(!r.tx.is_stopped());
+        assert!(r.tx.send(&[0u8; 60], NetHdr::default()).unwrap());
+    }
+
+    #[test]
+    fn bounded_reclaim_takes_at_most_a_budget_per_send() {
+        for bounded in [true, false] {
+            let mut r = rig(128);
+            r.tx.set_bounded_reclaim(bounded);
+            for _ in 0..100 {
+                assert!(r.tx.send(&[0u8; 60], NetHdr::default()).unwrap());
+            }
+            r.complete(100);
+            assert_eq!(r.tx.counters.completed, 0, "bounded {bounded}");
+            assert!(r.tx.send(&[0u8; 60], NetHdr::default()).unwrap());
+            let expected = if bounded {
+                TX_RECLAIM_BUDGET as u64
+            } else {
+                100
+            };
+            assert_eq!(r.tx.counters.completed, expected, "bounded {bounded}");
+        }
+    }
+}

@@ -1,0 +1,292 @@
+//! virtnet's OS interfaces, the only `unsafe` code outside the ring engine's guest memory:
+//! the system calls of the data path. TAP ioctls and frame
+//! I/O ([`tap`], whose vectored I/O into guest memory is vring's `GuestMemory::writev_to` and
+//! `readv_from`), adopting eventfds received from the frontend, opening the inherited listening
+//! socket, and the per-thread scheduler and CPU-time readings used by busy polling and the
+//! benchmarks.
+
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixListener;
+
+use vmm_sys_util::eventfd::EventFd;
+
+pub mod tap;
+
+/// # Safety
+/// `req` must be an ioctl whose argument is a pointer to a `T`, and `arg` must point to a live,
+/// initialised `T` for the duration of the call.
+unsafe fn ioctl_ptr<T>(fd: RawFd, req: libc::Ioctl, arg: *mut T) -> io::Result<()> {
+    // SAFETY: guaranteed by the caller (see above).
+    let r = unsafe { libc::ioctl(fd, req, arg) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// # Safety
+/// `req` must be an ioctl that takes its argument by value (no pointer).
+unsafe fn ioctl_val(fd: RawFd, req: libc::Ioctl, arg: libc::c_ulong) -> io::Result<()> {
+    // SAFETY: guaranteed by the caller (see above).
+    let r = unsafe { libc::ioctl(fd, req, arg) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Adopts a file received from the frontend as an eventfd. A file that is not an eventfd
+/// only makes later reads and writes fail.
+pub fn eventfd_from_file(f: std::fs::File) -> EventFd {
+    let raw = f.into_raw_fd();
+    // SAFETY: `raw` was just released by the `File` that owned it; the EventFd owns it now.
+    unsafe { EventFd::from_raw_fd(raw) }
+}
+
+/// The listening unix socket this process inherited as descriptor `fd` (`--fd N` of the
+/// vhost-user backend program conventions).
+///
+/// Adopting a descriptor by its number is unsound in general: if something else in the process
+/// owns that number, there are then two owners, and the second close closes whatever reuses
+/// the number. So this takes no ownership of `fd`. It duplicates it (`F_DUPFD_CLOEXEC`) and
+/// owns the copy, a new descriptor that nothing else can hold; that is sound whoever owns
+/// `fd`, and however often it is called (if another owner closes `fd` meanwhile, the copy is of
+/// whatever then has the number: still checked, still ours alone). The inherited descriptor stays open, and unowned, for
+/// the life of the process: one descriptor, in a process that listens on it until it exits.
+///
+/// Refuses 0, 1 and 2 (stdio, which the standard library owns, and never the vhost-user
+/// socket), a number that is not open, and anything but a listening (`SO_ACCEPTCONN`)
+/// `AF_UNIX` stream socket; a refused copy is closed again.
+pub fn unix_listener_from_fd(fd: RawFd) -> io::Result<UnixListener> {
+    let refuse = |why: &str| io::Error::new(io::ErrorKind::InvalidInput, format!("fd {fd}: {why}"));
+    if (0..=2).contains(&fd) {
+        return Err(refuse("is stdio, not an inherited socket"));
+    }
+    // SAFETY: F_DUPFD_CLOEXEC takes an int (the lowest number for the copy) and touches no
+    // memory; on a number that is not open it fails with EBADF.
+    let copy = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 3) };
+    if copy < 0 {
+        let e = io::Error::last_os_error();
+        return Err(io::Error::new(e.kind(), format!("fd {fd}: {e}")));
+    }
+    // SAFETY: `copy` was just made by fcntl, so nothing else in the process owns it.
+    let copy = unsafe { OwnedFd::from_raw_fd(copy) };
+    let opt = |name| socket_option(copy.as_fd(), name);
+    match (
+        opt(libc::SO_DOMAIN),
+        opt(libc::SO_TYPE),
+        opt(libc::SO_ACCEPTCONN),
+    ) {
+        (Ok(libc::AF_UNIX), Ok(libc::SOCK_STREAM), Ok(1)) => Ok(UnixListener::from(copy)),
+        _ => Err(refuse("is not a listening unix stream socket")),
+    }
+}
+
+/// An int-valued SOL_SOCKET option of `fd`.
+fn socket_option(fd: BorrowedFd<'_>, name: libc::c_int) -> io::Result<libc::c_int> {
+    let mut value: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: `value` and `len` are valid for writes of the sizes given; the kernel writes at
+    // most `len` bytes into `value`.
+    let r = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            name,
+            (&mut value as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(value)
+}
+
+/// Pins the calling thread to `cpu`.
+pub fn pin_thread(cpu: usize) -> io::Result<()> {
+    if cpu >= libc::CPU_SETSIZE as usize {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "cpu number too large",
+        ));
+    }
+    // SAFETY: cpu_set_t is plain old data; all-zero is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `cpu` was checked against CPU_SETSIZE, so the bit lies inside `set`.
+    unsafe { libc::CPU_SET(cpu, &mut set) };
+    // SAFETY: `set` is a valid cpu_set_t of the size given; pid 0 is the calling thread.
+    let r = unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Whether `fd` is readable now (poll with a zero timeout): the cheap "does the TAP have a
+/// frame" test of busy polling.
+pub fn readable_now(fd: RawFd) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: `p` is a valid pollfd for the duration of the call; nfds = 1.
+    let r = unsafe { libc::poll(&mut p, 1, 0) };
+    r > 0 && p.revents & libc::POLLIN != 0
+}
+
+/// Waits up to `timeout_ms` (negative: forever) for `fd` to become readable.
+pub fn wait_readable(fd: RawFd, timeout_ms: i32) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: `p` is a valid pollfd for the duration of the call; nfds = 1.
+    let r = unsafe { libc::poll(&mut p, 1, timeout_ms) };
+    r > 0 && p.revents & libc::POLLIN != 0
+}
+
+/// Involuntary context switches of the calling thread so far (getrusage RUSAGE_THREAD): it
+/// grows when the scheduler took the CPU from us for another runnable task, which is our
+/// "the CPU is wanted by others" signal for busy polling.
+pub fn involuntary_switches() -> u64 {
+    // SAFETY: rusage is plain old data; getrusage fills it.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `ru` is a valid, writable rusage.
+    let r = unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) };
+    if r < 0 {
+        return 0;
+    }
+    ru.ru_nivcsw as u64
+}
+
+/// CPU time (user + system) consumed by the calling thread, in nanoseconds.
+pub fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec.
+    let r = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    if r < 0 {
+        return 0;
+    }
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Waits up to `timeout_ms` (negative: forever) for any of `fds` (at most 32) to become
+/// readable. Returns a bit mask: bit `i` set when `fds[i]` is readable; 0 on timeout.
+pub fn poll_readable(fds: &[RawFd], timeout_ms: i32) -> u32 {
+    let mut p = [libc::pollfd {
+        fd: -1,
+        events: libc::POLLIN,
+        revents: 0,
+    }; 32];
+    let n = fds.len().min(32);
+    for (slot, &fd) in p.iter_mut().zip(&fds[..n]) {
+        slot.fd = fd;
+    }
+    // SAFETY: `p` holds `n` valid pollfds for the duration of the call.
+    let r = unsafe { libc::poll(p.as_mut_ptr(), n as libc::nfds_t, timeout_ms) };
+    if r <= 0 {
+        return 0;
+    }
+    p[..n]
+        .iter()
+        .enumerate()
+        .filter(|(_, q)| q.revents & libc::POLLIN != 0)
+        .fold(0, |m, (i, _)| m | 1 << i)
+}
+
+/// Copies up to `buf.len()` bytes waiting on `socket` into `buf` without consuming them
+/// (`recv(MSG_PEEK)`); blocks until at least one byte is there, and may return fewer bytes
+/// than are coming (MSG_WAITALL does not apply to peeks on unix sockets). 0: the peer closed.
+pub fn peek(socket: &std::os::unix::net::UnixStream, buf: &mut [u8]) -> io::Result<usize> {
+    loop {
+        // SAFETY: `buf` is valid for writes of `buf.len()` bytes; the kernel writes at most that.
+        let r = unsafe {
+            libc::recv(
+                socket.as_raw_fd(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                libc::MSG_PEEK,
+            )
+        };
+        if r >= 0 {
+            return Ok(r as usize);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+    use std::os::unix::net::UnixStream;
+
+    fn refused(fd: RawFd) -> io::Error {
+        unix_listener_from_fd(fd).expect_err("should be refused")
+    }
+
+    #[test]
+    fn stdio_and_closed_numbers_are_refused() {
+        for fd in [0, 1, 2] {
+            assert_eq!(refused(fd).kind(), io::ErrorKind::InvalidInput, "fd {fd}");
+        }
+        for fd in [-1, 1 << 30] {
+            let e = refused(fd).to_string();
+            assert!(
+                e.starts_with(&format!("fd {fd}: Bad file descriptor")),
+                "{e}"
+            );
+        }
+    }
+
+    #[test]
+    fn anything_but_a_listening_unix_stream_socket_is_refused_and_left_open() {
+        let (mut rx, mut tx) = std::io::pipe().unwrap();
+        let e = refused(tx.as_raw_fd());
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+        assert!(
+            e.to_string().contains("not a listening unix stream socket"),
+            "{e}"
+        );
+        // The pipe is still ours and still open.
+        tx.write_all(b"ok").unwrap();
+        drop(tx);
+        let mut got = Vec::new();
+        rx.read_to_end(&mut got).unwrap();
+        assert_eq!(got, b"ok");
+
+        let (a, _b) = UnixStream::pair().unwrap();
+        assert_eq!(refused(a.as_raw_fd()).kind(), io::ErrorKind::InvalidInput);
+        let tcp = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        assert_eq!(refused(tcp.as_raw_fd()).kind(), io::ErrorKind::InvalidInput);
+    }
+
+    #[test]
+    fn a_listener_is_copied_not_taken() {
+        let dir = std::env::temp_dir().join(format!("virtnet-sys-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("l.sock");
+        let original = UnixListener::bind(&path).unwrap();
+        let copy = unix_listener_from_fd(original.as_raw_fd()).unwrap();
+        assert_ne!(copy.as_raw_fd(), original.as_raw_fd());
+        let _c = UnixStream::connect(&path).unwrap();
+        copy.accept().unwrap();
+        // Two calls make two independent copies, and closing them leaves the original working.
+        let again = unix_listener_from_fd(original.as_raw_fd()).unwrap();
+        drop((copy, again));
+        let _c = UnixStream::connect(&path).unwrap();
+        original.accept().unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -1,0 +1,131 @@
+//! An in-process backend on a unix socket, and our driver connected to it.
+
+use std::os::unix::net::UnixListener;
+use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use virtnet_backend::{BackendConfig, Device, IoMode};
+use virtnet_driver::frontend::Connection;
+use virtnet_driver::{RxQueue, TxQueue};
+use vnet::feature;
+use vnet::NetHdr;
+use vring::Features;
+
+#[derive(Debug)]
+pub struct Backend {
+    pub device: Arc<Device>,
+    pub socket: PathBuf,
+    _dir: TempDir,
+}
+
+#[derive(Debug)]
+pub struct TempDir(pub PathBuf);
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+pub fn temp_dir(tag: &str) -> TempDir {
+    let d = std::env::temp_dir().join(format!("virtnet-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    TempDir(d)
+}
+
+pub fn start_backend(tag: &str, config: BackendConfig) -> Backend {
+    let dir = temp_dir(tag);
+    let socket = dir.0.join("vhost.sock");
+    let listener = UnixListener::bind(&socket).unwrap();
+    let device = Device::new(config).unwrap();
+    let d = device.clone();
+    std::thread::spawn(move || {
+        virtnet_backend::serve(d, listener, Arc::new(AtomicBool::new(false)))
+    });
+    Backend {
+        device,
+        socket,
+        _dir: dir,
+    }
+}
+
+/// A backend with one pair that echoes every frame back.
+pub fn echo_backend(tag: &str) -> Backend {
+    start_backend(
+        tag,
+        BackendConfig {
+            io: IoMode::Echo,
+            ..Default::default()
+        },
+    )
+}
+
+pub const WANTED: Features = Features(
+    Features::VERSION_1.0
+        | Features::RING_EVENT_IDX.0
+        | Features::RING_INDIRECT_DESC.0
+        | feature::MRG_RXBUF.0
+        | feature::MQ.0,
+);
+
+#[derive(Debug)]
+pub struct Pair {
+    pub conn: Connection,
+    pub rx: RxQueue,
+    pub tx: TxQueue,
+}
+
+pub fn connect(b: &Backend, wanted: Features) -> Pair {
+    let mut conn = Connection::connect(
+        &b.socket,
+        2,
+        256,
+        wanted,
+        Features::VERSION_1,
+        16 << 20,
+        Duration::from_secs(5),
+    )
+    .unwrap();
+    let mem = conn.mem.clone();
+    let rx = RxQueue::new(&conn.queues[0], &mem, &mut conn.alloc, 1536).unwrap();
+    let tx = TxQueue::new(&conn.queues[1], &mem, &mut conn.alloc, 4096).unwrap();
+    conn.start_queue(0).unwrap();
+    conn.start_queue(1).unwrap();
+    Pair { conn, rx, tx }
+}
+
+pub fn frame(i: u32, len: usize) -> Vec<u8> {
+    let mut f = vec![0u8; len];
+    f[..6].copy_from_slice(&[0x52, 0x54, 0, 0, 0, 1]);
+    f[6..12].copy_from_slice(&[0x52, 0x54, 0, 0, 0, 2]);
+    f[12..14].copy_from_slice(&0x88b5u16.to_be_bytes());
+    f[14..18].copy_from_slice(&i.to_le_bytes());
+    for (k, b) in f[18..].iter_mut().enumerate() {
+        *b = (k as u32 ^ i) as u8;
+    }
+    f
+}
+
+/// Sends `count` frames and collects what comes back, within a deadline.
+pub fn echo_round(p: &mut Pair, count: u32, len: usize) -> Vec<Vec<u8>> {
+    let mut got = Vec::new();
+    let mut sent = 0;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while got.len() < count as usize && Instant::now() < deadline {
+        while sent < count && p.tx.send(&frame(sent, len), NetHdr::default()).unwrap() {
+            sent += 1;
+        }
+        p.tx.flush();
+        p.rx.poll(64, |f| got.push(f.to_vec())).unwrap();
+        if got.len() < count as usize {
+            if p.tx.is_stopped() {
+                p.tx.wait_wake(10).unwrap();
+            } else {
+                p.rx.wait(10);
+            }
+        }
+    }
+    got
+}

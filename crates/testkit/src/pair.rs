@@ -1,0 +1,62 @@
+//! A driver queue and a device queue on one virtqueue in one anonymous memory, the way a
+//! guest and a device share a ring.
+//!
+//! vring's own unit tests keep a copy of their own (`vring/src/testutil.rs`): a crate's unit
+//! tests cannot use a crate that depends on the crate under test.
+
+use std::sync::Arc;
+
+use vring::{
+    Buf, DeviceQueue, DriverQueue, Features, GuestAddress, GuestMemory, IndirectArea, QueueConfig,
+    RingAddresses,
+};
+
+/// Where the rings start.
+pub const RING_BASE: GuestAddress = GuestAddress(0x1000);
+/// The driver's indirect tables.
+pub const INDIRECT_BASE: GuestAddress = GuestAddress(0x10_0000);
+/// Buffers: [`Pair::buf`] hands out 4 KiB slots from here.
+pub const DATA_BASE: GuestAddress = GuestAddress(0x20_0000);
+/// The memory: 4 MiB from guest address 0.
+pub const MEM_SIZE: usize = 0x40_0000;
+
+/// A driver and a device on one queue in one memory.
+#[derive(Debug)]
+pub struct Pair {
+    pub mem: Arc<GuestMemory>,
+    pub config: QueueConfig,
+    pub driver: DriverQueue<u32>,
+    pub device: DeviceQueue,
+}
+
+/// A queue of `size` with `features`, its indirect area holding up to `max_chain` entries
+/// per table; both sides start at index 0.
+pub fn pair(size: u16, features: Features, max_chain: u16) -> Pair {
+    let mem = Arc::new(GuestMemory::anonymous(&[(GuestAddress(0), MEM_SIZE)]).expect("memory"));
+    let rings = RingAddresses::contiguous(RING_BASE, size);
+    let config = QueueConfig::new(size as u32, rings, features).expect("queue config");
+    let area = IndirectArea {
+        addr: INDIRECT_BASE,
+        max_chain,
+    };
+    let driver = DriverQueue::activate(&config, mem.clone(), Some(area)).expect("driver queue");
+    let device = DeviceQueue::activate(&config, mem.clone(), 0).expect("device queue");
+    Pair {
+        mem,
+        config,
+        driver,
+        device,
+    }
+}
+
+impl Pair {
+    /// A buffer of `len` bytes in the data area, the `i`th of its 4 KiB slots.
+    pub fn buf(i: u64, len: u32) -> Buf {
+        Buf::new(GuestAddress(DATA_BASE.0 + i * 4096), len)
+    }
+
+    /// `n` buffers of `len` bytes, in slots `0..n`.
+    pub fn bufs(n: u64, len: u32) -> Vec<Buf> {
+        (0..n).map(|i| Pair::buf(i, len)).collect()
+    }
+}

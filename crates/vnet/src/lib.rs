@@ -1,0 +1,150 @@
+//! What virtnet's two halves share: the virtio-net definitions (VIRTIO 1.2 5.1) and the
+//! piece of the vhost-user wire format that both write by hand.
+//!
+//! - here: the header in front of every frame, and the device configuration space;
+//! - [`ctrl`]: the control-queue codec (5.1.6.5);
+//! - [`vhost_wire`]: the framing of SET_STATUS / GET_STATUS.
+
+#![forbid(unsafe_code)]
+
+pub mod ctrl;
+pub mod feature;
+pub mod vhost_wire;
+
+use vring::Features;
+
+/// `struct virtio_net_hdr_v1` (spec 5.1.6): 12 bytes, `num_buffers` last.
+pub const HDR_LEN: usize = 12;
+/// The legacy header without `num_buffers`, when neither VERSION_1 nor MRG_RXBUF is on.
+pub const HDR_LEN_LEGACY: usize = 10;
+
+/// `flags`: the checksum starts at `csum_start` and goes in at `csum_offset`.
+pub const HDR_F_NEEDS_CSUM: u8 = virtio_bindings::virtio_net::VIRTIO_NET_HDR_F_NEEDS_CSUM as u8;
+pub const HDR_GSO_NONE: u8 = virtio_bindings::virtio_net::VIRTIO_NET_HDR_GSO_NONE as u8;
+pub const HDR_GSO_TCPV4: u8 = virtio_bindings::virtio_net::VIRTIO_NET_HDR_GSO_TCPV4 as u8;
+pub const HDR_GSO_TCPV6: u8 = virtio_bindings::virtio_net::VIRTIO_NET_HDR_GSO_TCPV6 as u8;
+
+/// The header length for negotiated `features`.
+pub fn hdr_len(features: Features) -> usize {
+    if features.contains(Features::VERSION_1) || features.contains(feature::MRG_RXBUF) {
+        HDR_LEN
+    } else {
+        HDR_LEN_LEGACY
+    }
+}
+
+/// The fields of a virtio-net header.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NetHdr {
+    pub flags: u8,
+    pub gso_type: u8,
+    pub hdr_len: u16,
+    pub gso_size: u16,
+    pub csum_start: u16,
+    pub csum_offset: u16,
+    pub num_buffers: u16,
+}
+
+impl NetHdr {
+    pub fn to_bytes(self) -> [u8; HDR_LEN] {
+        let mut b = [0u8; HDR_LEN];
+        b[0] = self.flags;
+        b[1] = self.gso_type;
+        b[2..4].copy_from_slice(&self.hdr_len.to_le_bytes());
+        b[4..6].copy_from_slice(&self.gso_size.to_le_bytes());
+        b[6..8].copy_from_slice(&self.csum_start.to_le_bytes());
+        b[8..10].copy_from_slice(&self.csum_offset.to_le_bytes());
+        b[10..12].copy_from_slice(&self.num_buffers.to_le_bytes());
+        b
+    }
+
+    pub fn from_bytes(b: &[u8; HDR_LEN]) -> NetHdr {
+        let u = |i: usize| u16::from_le_bytes([b[i], b[i + 1]]);
+        NetHdr {
+            flags: b[0],
+            gso_type: b[1],
+            hdr_len: u(2),
+            gso_size: u(4),
+            csum_start: u(6),
+            csum_offset: u(8),
+            num_buffers: u(10),
+        }
+    }
+}
+
+/// Offset of `num_buffers` in the header.
+pub const NUM_BUFFERS_OFFSET: u64 = 10;
+
+/// `struct virtio_net_config` (spec 5.1.4), the fields we serve.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NetConfig {
+    pub mac: [u8; 6],
+    pub status: u16,
+    pub max_virtqueue_pairs: u16,
+    pub mtu: u16,
+}
+
+/// `status`: the link is up.
+pub const NET_S_LINK_UP: u16 = virtio_bindings::virtio_net::VIRTIO_NET_S_LINK_UP as u16;
+
+impl NetConfig {
+    /// mac(6) status(2) max_virtqueue_pairs(2) mtu(2): the first 12 bytes of the layout.
+    pub fn to_bytes(self) -> [u8; 12] {
+        let mut b = [0u8; 12];
+        b[0..6].copy_from_slice(&self.mac);
+        b[6..8].copy_from_slice(&self.status.to_le_bytes());
+        b[8..10].copy_from_slice(&self.max_virtqueue_pairs.to_le_bytes());
+        b[10..12].copy_from_slice(&self.mtu.to_le_bytes());
+        b
+    }
+}
+
+/// Parses "52:54:00:12:34:56".
+pub fn parse_mac(s: &str) -> Option<[u8; 6]> {
+    let mut mac = [0u8; 6];
+    let mut parts = s.split(':');
+    for m in mac.iter_mut() {
+        *m = u8::from_str_radix(parts.next()?, 16).ok()?;
+    }
+    parts.next().is_none().then_some(mac)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_round_trips_in_spec_layout() {
+        let h = NetHdr {
+            flags: 1,
+            gso_type: 3,
+            hdr_len: 54,
+            gso_size: 1448,
+            csum_start: 34,
+            csum_offset: 16,
+            num_buffers: 2,
+        };
+        let b = h.to_bytes();
+        assert_eq!(&b[..4], &[1, 3, 54, 0]);
+        assert_eq!(u16::from_le_bytes([b[10], b[11]]), 2);
+        assert_eq!(NetHdr::from_bytes(&b), h);
+    }
+
+    #[test]
+    fn header_length_follows_features() {
+        assert_eq!(hdr_len(Features::VERSION_1), 12);
+        assert_eq!(hdr_len(feature::MRG_RXBUF), 12);
+        assert_eq!(hdr_len(Features::EMPTY), 10);
+    }
+
+    #[test]
+    fn mac_parses_and_rejects_garbage() {
+        assert_eq!(
+            parse_mac("52:54:00:ab:cd:ef"),
+            Some([0x52, 0x54, 0, 0xab, 0xcd, 0xef])
+        );
+        assert_eq!(parse_mac("52:54:00:ab:cd"), None);
+        assert_eq!(parse_mac("52:54:00:ab:cd:ef:01"), None);
+        assert_eq!(parse_mac("zz:54:00:ab:cd:ef"), None);
+    }
+}
