@@ -234,7 +234,7 @@ impl Model {
             promisc: shared.promisc.load(std::sync::atomic::Ordering::Relaxed),
             allmulti: shared.allmulti.load(std::sync::atomic::Ordering::Relaxed),
             mac: shared.mac(),
-            coalesce: shared.metrics[..data_queues]
+            coalesce: shared.tunables[..data_queues]
                 .iter()
                 .map(|m| (m.coalesce().max_packets, m.coalesce().max_usecs))
                 .collect(),
@@ -372,7 +372,8 @@ pub fn run(input: &CtrlInput) -> Outcome {
         kick,
         Some(EventFd::new(EFD_NONBLOCK).unwrap()),
         Some(err.try_clone().unwrap()),
-        shared.queue_metrics(QueueId::Ctrl).clone(),
+        shared.queue_counters(QueueId::Ctrl).clone(),
+        shared.queue_tunables(QueueId::Ctrl).clone(),
     );
     let mut chain = Chain::new();
 
@@ -588,7 +589,7 @@ fn check_bounds(
     );
     let broken = rt.queue.broken().is_some();
     assert_eq!(
-        shared.queue_metrics(QueueId::Ctrl).is_broken(),
+        shared.queue_counters(QueueId::Ctrl).is_broken(),
         broken,
         "metrics and queue disagree on broken"
     );
@@ -605,7 +606,7 @@ fn check_bounds(
         "an honest driver broke the control queue"
     );
     for id in QueueId::all(pairs).filter(|id| *id != QueueId::Ctrl) {
-        let m = shared.queue_metrics(id);
+        let m = shared.queue_counters(id);
         assert!(
             !m.is_broken(),
             "data queue {id} broken by the control queue"

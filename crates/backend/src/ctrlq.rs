@@ -86,12 +86,12 @@ pub fn process_commands(shared: &Shared, q: &mut QueueRuntime, chain: &mut Chain
             std::thread::sleep(Duration::from_micros(delay as u64));
         }
         let result = CtrlWorker::answer(shared, q.queue.memory(), chain);
-        let c = &q.metrics.counters;
-        q.metrics.add(&c.ctrl_commands, 1);
+        let c = &q.counters;
+        c.ctrl_commands.add(1);
         let (written, refused) = result;
         if let Some(e) = refused {
             tracing::debug!(error = %e, "control command refused");
-            q.metrics.add(&c.ctrl_errors, 1);
+            c.ctrl_errors.add(1);
         }
         if let Err(e) = q.queue.add_used(chain.head(), written) {
             break_queue(q, &e.into());
@@ -231,12 +231,12 @@ impl CtrlWorker {
     fn apply(shared: &Shared, cmd: CtrlCommand) -> Result<Option<[u8; 8]>, String> {
         let pairs = shared.config.pairs;
         let set_every = |of_pair: fn(u16) -> QueueId, coal: Coalesce| {
-            (0..pairs).for_each(|p| shared.queue_metrics(of_pair(p)).set_coalesce(coal));
+            (0..pairs).for_each(|p| shared.queue_tunables(of_pair(p)).set_coalesce(coal));
         };
         // VQ_NOTF_COAL names a data virtqueue by its index.
         let data_queue = |vqn: u16| match QueueId::from_index(vqn as usize, pairs) {
             Some(QueueId::Ctrl) | None => Err(format!("no data queue {vqn}")),
-            Some(q) => Ok(shared.queue_metrics(q)),
+            Some(q) => Ok(shared.queue_tunables(q)),
         };
         match cmd {
             CtrlCommand::VqPairsSet(n) => {

@@ -12,7 +12,7 @@ use vring::Features;
 
 use super::ctrlq::CtrlWorker;
 use super::host::{echo::EchoPort, null::NullPort, tap::TapPort, Host};
-use super::metrics::{QueueMetrics, QueueReport};
+use super::metrics::{QueueCounters, QueueReport, QueueTunables};
 use super::queue::QueueId;
 use super::thread::WorkerHandle;
 use super::worker::Worker;
@@ -103,8 +103,10 @@ impl Default for BackendConfig {
 #[derive(Debug)]
 pub struct Shared {
     pub config: BackendConfig,
-    /// One per virtqueue: rx0, tx0, rx1, tx1, ..., ctrl.
-    pub metrics: Vec<Arc<QueueMetrics>>,
+    /// One each per virtqueue, in index order (rx0, tx0, rx1, tx1, ..., ctrl): what the queue
+    /// observed, and what it is told to do.
+    pub counters: Vec<Arc<QueueCounters>>,
+    pub tunables: Vec<Arc<QueueTunables>>,
     /// Control handles on the TAP queues (one per pair), for attach/detach and offloads.
     pub taps: Vec<TapQueue>,
     /// Queue pairs in use (MQ VQ_PAIRS_SET); the others carry no traffic.
@@ -147,11 +149,11 @@ impl Shared {
     /// drive [`ctrlq::process_commands`] without the worker threads.
     pub fn new(config: BackendConfig, taps: Vec<TapQueue>) -> io::Result<Shared> {
         check_pairs(config.pairs)?;
-        let metrics: Vec<_> = QueueId::all(config.pairs)
-            .map(|_| Arc::new(QueueMetrics::default()))
-            .collect();
-        for m in &metrics {
-            m.busy_poll_us.store(config.busy_poll_us, Relaxed);
+        let queues = || QueueId::all(config.pairs);
+        let counters = queues().map(|_| Arc::default()).collect();
+        let tunables: Vec<Arc<QueueTunables>> = queues().map(|_| Arc::default()).collect();
+        for t in &tunables {
+            t.busy_poll_us.store(config.busy_poll_us, Relaxed);
         }
         Ok(Shared {
             active_pairs: AtomicU16::new(config.pairs),
@@ -165,7 +167,8 @@ impl Shared {
                 .map(|_| vmm_sys_util::eventfd::EventFd::new(libc::EFD_NONBLOCK))
                 .collect::<io::Result<_>>()?,
             config,
-            metrics,
+            counters,
+            tunables,
             taps,
         })
     }
@@ -198,9 +201,14 @@ impl Shared {
         Ok(())
     }
 
-    /// The metrics of queue `id`.
-    pub fn queue_metrics(&self, id: QueueId) -> &Arc<QueueMetrics> {
-        &self.metrics[id.index(self.config.pairs)]
+    /// The counters of queue `id`.
+    pub fn queue_counters(&self, id: QueueId) -> &Arc<QueueCounters> {
+        &self.counters[id.index(self.config.pairs)]
+    }
+
+    /// The tunables of queue `id`.
+    pub fn queue_tunables(&self, id: QueueId) -> &Arc<QueueTunables> {
+        &self.tunables[id.index(self.config.pairs)]
     }
 }
 
@@ -279,7 +287,7 @@ impl Device {
     }
     /// Virtqueues: two per pair and the control queue.
     pub fn num_queues(&self) -> usize {
-        self.shared.metrics.len()
+        self.shared.counters.len()
     }
     pub fn pairs(&self) -> u16 {
         self.shared.config.pairs
@@ -293,8 +301,9 @@ impl Device {
     pub fn offered_features(&self) -> Features {
         device_features(self.shared.config.pairs)
     }
-    pub fn metrics(&self, queue: usize) -> Arc<QueueMetrics> {
-        self.shared.metrics[queue].clone()
+    /// The counters of virtqueue `queue`, by index.
+    pub fn counters(&self, queue: usize) -> Arc<QueueCounters> {
+        self.shared.counters[queue].clone()
     }
     /// The worker serving queue `id`: its pair's, or the control queue's (the last).
     pub fn worker(&self, id: QueueId) -> &WorkerHandle {
@@ -306,7 +315,7 @@ impl Device {
 
     /// Sets the busy-poll timeout of one queue, or of all.
     pub fn set_busy_poll(&self, us: u32, queue: Option<usize>) -> Result<(), String> {
-        let m = &self.shared.metrics;
+        let m = &self.shared.tunables;
         match queue {
             Some(q) => m
                 .get(q)
@@ -337,8 +346,8 @@ impl Device {
         s.features.store(0, Relaxed);
         s.status.store(0, Relaxed);
         s.status_sets.store(0, Relaxed);
-        for m in &s.metrics {
-            m.set_coalesce(vnet::ctrl::Coalesce::default());
+        for t in &s.tunables {
+            t.set_coalesce(vnet::ctrl::Coalesce::default());
         }
     }
 
@@ -346,8 +355,11 @@ impl Device {
         let pairs = self.shared.config.pairs;
         QueueId::all(pairs)
             .map(|id| {
-                let m = self.shared.queue_metrics(id);
-                QueueReport::new(id.index(pairs) as u16, id.kind(), m)
+                let (c, t) = (
+                    self.shared.queue_counters(id),
+                    self.shared.queue_tunables(id),
+                );
+                QueueReport::new(id.index(pairs) as u16, id.kind(), c, t)
             })
             .collect()
     }

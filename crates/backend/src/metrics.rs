@@ -1,11 +1,9 @@
-//! Per-queue, lock-free counters of the backend, and their JSON and Prometheus renderings.
-//!
-//! Workers bump them with Relaxed atomics (each counter has one writer); readers (the ctl
-//! socket, /metrics, tests) take a snapshot.
+//! Per-queue counters of the backend (`vnet::stats`: one writer each, the queue's worker;
+//! readers take a snapshot), the tunables kept apart from them, and their JSON and Prometheus
+//! renderings.
 
 use std::fmt::Write as _;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 
 use serde::Serialize;
 
@@ -25,31 +23,9 @@ pub enum PollExit {
     Shutdown,
 }
 
-macro_rules! counters {
-    ($(#[$m:meta])* $name:ident / $snap:ident { $($(#[$fm:meta])* $f:ident),* $(,)? }) => {
-        $(#[$m])*
-        #[derive(Debug, Default)]
-        pub struct $name { $($(#[$fm])* pub $f: AtomicU64,)* }
-        /// A point-in-time copy of the counters.
-        #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
-        pub struct $snap { $(pub $f: u64,)* }
-        impl $name {
-            pub fn snapshot(&self) -> $snap {
-                $snap { $($f: self.$f.load(Relaxed),)* }
-            }
-        }
-        impl $snap {
-            /// (name, value) pairs, for Prometheus.
-            pub fn fields(&self) -> Vec<(&'static str, u64)> {
-                vec![$((stringify!($f), self.$f),)*]
-            }
-        }
-    };
-}
-
-counters!(
-    /// Counters of one virtqueue.
-    QueueCounters / CountersSnapshot {
+vnet::counters! {
+    /// Counters of one virtqueue, and its broken state.
+    pub struct QueueCounters / CountersSnapshot with broken {
         /// Frames moved (tx: guest to host; rx: host to guest) and their bytes, headers excluded.
         packets,
         bytes,
@@ -82,22 +58,34 @@ counters!(
         ctrl_commands,
         ctrl_errors,
     }
-);
-
-/// One queue's metrics: counters, the broken state, and its tunables.
-#[derive(Debug, Default)]
-pub struct QueueMetrics {
-    pub counters: QueueCounters,
-    broken: AtomicBool,
-    broken_reason: Mutex<Option<String>>,
-    /// Busy-poll timeout in microseconds (0 = off), changeable at run time.
-    pub busy_poll_us: AtomicU32,
-    /// Notification coalescing (NOTF_COAL / VQ_NOTF_COAL), set by the control queue.
-    pub coalesce_max_packets: AtomicU32,
-    pub coalesce_max_usecs: AtomicU32,
 }
 
-impl QueueMetrics {
+impl QueueCounters {
+    /// Counts why a busy poll ended.
+    pub fn poll_exit(&self, why: PollExit) {
+        let f = match why {
+            PollExit::Hit => &self.busy_poll_hits,
+            PollExit::Timeout => &self.busy_poll_timeouts,
+            PollExit::OtherWork => &self.busy_poll_exit_other_work,
+            PollExit::Yield => &self.busy_poll_exit_yield,
+            PollExit::Shutdown => &self.busy_poll_exit_shutdown,
+        };
+        f.add(1);
+    }
+}
+
+/// What one queue is told to do, changeable at run time: the busy-poll timeout (`virtnet
+/// ctl set-busy-poll`) and notification coalescing (NOTF_COAL / VQ_NOTF_COAL, set by the
+/// control queue).
+#[derive(Debug, Default)]
+pub struct QueueTunables {
+    /// Busy-poll timeout in microseconds (0 = off).
+    pub busy_poll_us: AtomicU32,
+    coalesce_max_packets: AtomicU32,
+    coalesce_max_usecs: AtomicU32,
+}
+
+impl QueueTunables {
     pub fn coalesce(&self) -> Coalesce {
         Coalesce {
             max_packets: self.coalesce_max_packets.load(Relaxed),
@@ -108,52 +96,6 @@ impl QueueMetrics {
     pub fn set_coalesce(&self, c: Coalesce) {
         self.coalesce_max_packets.store(c.max_packets, Relaxed);
         self.coalesce_max_usecs.store(c.max_usecs, Relaxed);
-    }
-
-    /// Adds to a counter of this queue. Each counter has one writer (the queue's worker), so
-    /// a plain load and store suffices: a locked add would stall on the data path's pending
-    /// stores to shared memory.
-    pub fn add(&self, c: &AtomicU64, n: u64) {
-        c.store(c.load(Relaxed).wrapping_add(n), Relaxed);
-    }
-
-    pub fn poll_exit(&self, why: PollExit) {
-        let c = &self.counters;
-        let f = match why {
-            PollExit::Hit => &c.busy_poll_hits,
-            PollExit::Timeout => &c.busy_poll_timeouts,
-            PollExit::OtherWork => &c.busy_poll_exit_other_work,
-            PollExit::Yield => &c.busy_poll_exit_yield,
-            PollExit::Shutdown => &c.busy_poll_exit_shutdown,
-        };
-        self.add(f, 1);
-    }
-
-    /// Records that the queue broke. Returns true the first time, so the caller logs once.
-    pub fn set_broken(&self, reason: String) -> bool {
-        let first = !self.broken.swap(true, Relaxed);
-        if first {
-            if let Ok(mut r) = self.broken_reason.lock() {
-                *r = Some(reason);
-            }
-        }
-        first
-    }
-
-    /// Clears the broken state (the frontend reset the queue).
-    pub fn clear_broken(&self) {
-        self.broken.store(false, Relaxed);
-        if let Ok(mut r) = self.broken_reason.lock() {
-            *r = None;
-        }
-    }
-
-    pub fn is_broken(&self) -> bool {
-        self.broken.load(Relaxed)
-    }
-
-    pub fn broken_reason(&self) -> Option<String> {
-        self.broken_reason.lock().ok().and_then(|r| r.clone())
     }
 }
 
@@ -166,21 +108,21 @@ pub struct QueueReport {
     pub busy_poll_us: u32,
     pub coalesce_max_packets: u32,
     pub coalesce_max_usecs: u32,
-    pub broken: Option<String>,
+    /// The counters, and `broken`: why the queue broke, if it did.
     #[serde(flatten)]
     pub counters: CountersSnapshot,
 }
 
 impl QueueReport {
-    pub fn new(index: u16, kind: &'static str, m: &QueueMetrics) -> QueueReport {
+    pub fn new(index: u16, kind: &'static str, c: &QueueCounters, t: &QueueTunables) -> Self {
+        let coal = t.coalesce();
         QueueReport {
             index,
             kind,
-            busy_poll_us: m.busy_poll_us.load(Relaxed),
-            coalesce_max_packets: m.coalesce_max_packets.load(Relaxed),
-            coalesce_max_usecs: m.coalesce_max_usecs.load(Relaxed),
-            broken: m.is_broken().then(|| m.broken_reason().unwrap_or_default()),
-            counters: m.counters.snapshot(),
+            busy_poll_us: t.busy_poll_us.load(Relaxed),
+            coalesce_max_packets: coal.max_packets,
+            coalesce_max_usecs: coal.max_usecs,
+            counters: c.snapshot(),
         }
     }
 }
@@ -214,7 +156,7 @@ pub fn prometheus(queues: &[QueueReport]) -> String {
             "virtnet_queue_broken{{queue=\"{}\",kind=\"{}\"}} {}",
             q.index,
             q.kind,
-            q.broken.is_some() as u8
+            q.counters.broken.is_some() as u8
         );
     }
     let _ = writeln!(out, "# TYPE virtnet_queue_busy_poll_us gauge");
@@ -234,20 +176,23 @@ mod tests {
 
     #[test]
     fn broken_is_reported_once_with_its_reason() {
-        let m = QueueMetrics::default();
+        let (m, t) = (QueueCounters::default(), QueueTunables::default());
         assert!(m.set_broken("head 9 out of range".into()));
         assert!(!m.set_broken("later".into()));
-        let r = QueueReport::new(1, "tx", &m);
-        assert_eq!(r.broken.as_deref(), Some("head 9 out of range"));
+        let r = QueueReport::new(1, "tx", &m, &t);
+        assert_eq!(r.counters.broken.as_deref(), Some("head 9 out of range"));
+        let json = serde_json::to_value(&r).unwrap();
+        assert_eq!(json["broken"], "head 9 out of range");
         m.clear_broken();
-        assert!(QueueReport::new(1, "tx", &m).broken.is_none());
+        assert!(QueueReport::new(1, "tx", &m, &t).counters.broken.is_none());
     }
 
     #[test]
     fn prometheus_lists_every_counter_per_queue() {
-        let m = QueueMetrics::default();
-        m.add(&m.counters.packets, 5);
-        let text = prometheus(&[QueueReport::new(0, "rx", &m), QueueReport::new(1, "tx", &m)]);
+        let (m, t) = (QueueCounters::default(), QueueTunables::default());
+        m.packets.add(5);
+        let r = |i, kind| QueueReport::new(i, kind, &m, &t);
+        let text = prometheus(&[r(0, "rx"), r(1, "tx")]);
         assert!(text.contains("virtnet_queue_packets_total{queue=\"0\",kind=\"rx\"} 5"));
         assert!(text.contains("virtnet_queue_kicks_total{queue=\"1\",kind=\"tx\"} 0"));
         assert!(text.contains("virtnet_queue_broken{queue=\"1\",kind=\"tx\"} 0"));

@@ -1,5 +1,5 @@
 //! A running virtqueue as a worker holds it: the engine's `DeviceQueue`, its notification
-//! fds (kick, call, err), its metrics, and notification coalescing (NOTF_COAL, VIRTIO 1.2
+//! fds (kick, call, err), its counters and tunables, and notification coalescing (NOTF_COAL, VIRTIO 1.2
 //! 5.1.6.5.6).
 //!
 //! The queue's life on a worker: [`install_queue`] when the frontend starts it,
@@ -15,9 +15,9 @@ use vmm_sys_util::eventfd::EventFd;
 use vring::DeviceQueue;
 
 use super::error::Error;
-use super::metrics::QueueMetrics;
+use super::metrics::{QueueCounters, QueueTunables};
 
-/// A running queue handed to a worker, with its notification fds and metrics.
+/// A running queue handed to a worker, with its notification fds, counters and tunables.
 #[derive(Debug)]
 pub struct QueueRuntime {
     pub id: QueueId,
@@ -25,12 +25,13 @@ pub struct QueueRuntime {
     pub kick: EventFd,
     pub call: Option<EventFd>,
     pub err: Option<EventFd>,
-    pub metrics: Arc<QueueMetrics>,
+    pub counters: Arc<QueueCounters>,
+    pub tunables: Arc<QueueTunables>,
     /// Notification coalescing: a call the driver asked for but we hold back, since when,
     /// and the used count at the last call.
     held_since: Option<Instant>,
     used_at_last_call: u64,
-    /// The engine's used-index store count already added to the metrics.
+    /// The engine's used-index store count already added to the counters.
     stores_reported: u64,
 }
 
@@ -41,7 +42,8 @@ impl QueueRuntime {
         kick: EventFd,
         call: Option<EventFd>,
         err: Option<EventFd>,
-        metrics: Arc<QueueMetrics>,
+        counters: Arc<QueueCounters>,
+        tunables: Arc<QueueTunables>,
     ) -> QueueRuntime {
         let used_at_last_call = queue.stats().used;
         let stores_reported = queue.stats().used_idx_stores;
@@ -51,7 +53,8 @@ impl QueueRuntime {
             kick,
             call,
             err,
-            metrics,
+            counters,
+            tunables,
             held_since: None,
             used_at_last_call,
             stores_reported,
@@ -61,18 +64,18 @@ impl QueueRuntime {
     /// Whether the queue still works: neither the engine nor [`break_queue`] has marked it
     /// broken.
     pub fn usable(&self) -> bool {
-        self.queue.broken().is_none() && !self.metrics.is_broken()
+        self.queue.broken().is_none() && !self.counters.is_broken()
     }
 
     fn fire(&mut self) {
         if let Some(call) = &self.call {
             if call.write(1).is_err() {
-                self.metrics.add(&self.metrics.counters.call_errors, 1);
+                self.counters.call_errors.add(1);
             }
         }
-        self.metrics.add(&self.metrics.counters.calls, 1);
+        self.counters.calls.add(1);
         if self.held_since.take().is_some() {
-            self.metrics.add(&self.metrics.counters.calls_coalesced, 1);
+            self.counters.calls_coalesced.add(1);
         }
         self.used_at_last_call = self.queue.stats().used;
     }
@@ -80,7 +83,7 @@ impl QueueRuntime {
     /// When the held call is due, if one is held.
     pub fn call_deadline(&self) -> Option<Instant> {
         let since = self.held_since?;
-        Some(since + Duration::from_micros(self.metrics.coalesce().max_usecs as u64))
+        Some(since + Duration::from_micros(self.tunables.coalesce().max_usecs as u64))
     }
 
     /// Sends the held call if its time has come.
@@ -93,7 +96,7 @@ impl QueueRuntime {
     /// Consumes a kick: reads the kick eventfd and counts it.
     pub fn take_kick(&self) {
         if self.kick.read().is_ok() {
-            self.metrics.add(&self.metrics.counters.kicks, 1);
+            self.counters.kicks.add(1);
         }
     }
 }
@@ -102,7 +105,7 @@ impl QueueRuntime {
 /// replaces is retired. A queue whose kick cannot be watched would never run: it is installed
 /// broken, so the frontend hears of it (err eventfd, NEEDS_RESET) instead of waiting.
 pub fn install_queue(epoll: &Epoll, slot: &mut Option<QueueRuntime>, q: QueueRuntime, tag: u64) {
-    q.metrics.clear_broken();
+    q.counters.clear_broken();
     let watched = epoll.ctl(
         ControlOperation::Add,
         q.kick.as_raw_fd(),
@@ -134,13 +137,13 @@ pub fn retire_queue(epoll: &Epoll, mut q: QueueRuntime) -> u16 {
 
 /// Marks a queue broken: logs once, counts, signals the frontend's error eventfd. The
 /// engine refuses every later call on a queue the guest broke; a host failure is recorded
-/// here, and the worker stops serving the queue from its metrics' broken flag.
+/// here, and the worker stops serving the queue from its counters' broken flag.
 pub fn break_queue(q: &QueueRuntime, e: &Error) {
-    if q.metrics.set_broken(e.to_string()) {
+    if q.counters.set_broken(e.to_string()) {
         tracing::error!(queue = %q.id, error = %e, "queue broken; it stays stopped until reset");
         if let Some(err) = &q.err {
             if err.write(1).is_err() {
-                q.metrics.add(&q.metrics.counters.call_errors, 1);
+                q.counters.call_errors.add(1);
             }
         }
     }
@@ -154,12 +157,9 @@ pub fn notify(q: &mut QueueRuntime) {
     let need = q.queue.needs_notification();
     // Every used.idx store, including those add_used made when a batch filled.
     let stores = q.queue.stats().used_idx_stores;
-    q.metrics.add(
-        &q.metrics.counters.batches_flushed,
-        stores - q.stores_reported,
-    );
+    q.counters.batches_flushed.add(stores - q.stores_reported);
     q.stores_reported = stores;
-    let coal = q.metrics.coalesce();
+    let coal = q.tunables.coalesce();
     if need && coal.is_off() {
         q.fire();
         return;
@@ -168,7 +168,7 @@ pub fn notify(q: &mut QueueRuntime) {
         q.held_since = Some(Instant::now());
     }
     if q.held_since.is_none() {
-        q.metrics.add(&q.metrics.counters.calls_suppressed, 1);
+        q.counters.calls_suppressed.add(1);
         return;
     }
     let used = q.queue.stats().used - q.used_at_last_call;
@@ -247,7 +247,6 @@ impl std::fmt::Display for QueueId {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::Ordering::Relaxed;
 
     use vring::Features;
 
@@ -259,9 +258,9 @@ mod tests {
     fn use_one(q: &mut QueueRuntime) -> bool {
         let chain = q.queue.pop().unwrap().expect("a posted buffer");
         q.queue.add_used(chain.head(), 10).unwrap();
-        let before = q.metrics.counters.calls.load(Relaxed);
+        let before = q.counters.calls.get();
         notify(q);
-        q.metrics.counters.calls.load(Relaxed) > before
+        q.counters.calls.get() > before
     }
 
     #[test]
@@ -273,14 +272,14 @@ mod tests {
             use_one(q),
             "no coalescing: a call per notify the driver asked for"
         );
-        q.metrics.set_coalesce(Coalesce {
+        q.tunables.set_coalesce(Coalesce {
             max_packets: 3,
             max_usecs: 1_000_000,
         });
         assert!(!use_one(q) && !use_one(q), "held back below max_packets");
         assert!(q.call_deadline().is_some());
         assert!(use_one(q), "sent at the third completion");
-        assert_eq!(q.metrics.counters.calls_coalesced.load(Relaxed), 1);
+        assert_eq!(q.counters.calls_coalesced.get(), 1);
         assert!(q.call_deadline().is_none());
     }
 
@@ -289,7 +288,7 @@ mod tests {
         let mut s = setup(QueueId::Tx(0), Features::VERSION_1);
         post_rx(&mut s.driver, 4, 64);
         let q = &mut s.runtime;
-        q.metrics.set_coalesce(Coalesce {
+        q.tunables.set_coalesce(Coalesce {
             max_packets: 0,
             max_usecs: 50,
         });
@@ -299,12 +298,12 @@ mod tests {
         assert!(q.call_deadline().is_some(), "not yet due");
         q.fire_if_due(due);
         assert!(q.call_deadline().is_none());
-        assert_eq!(q.metrics.counters.calls.load(Relaxed), 1);
+        assert_eq!(q.counters.calls.get(), 1);
         // Retiring sends what is still held, and reports where the device stopped.
         assert!(!use_one(q));
-        let metrics = q.metrics.clone();
+        let counters = q.counters.clone();
         let next = retire_queue(&Epoll::new().unwrap(), s.runtime);
-        assert_eq!(metrics.counters.calls.load(Relaxed), 2);
+        assert_eq!(counters.calls.get(), 2);
         assert_eq!(next, 2);
     }
 
@@ -318,7 +317,7 @@ mod tests {
         break_queue(q, &e);
         assert!(!q.usable());
         assert_eq!(s.err.read().unwrap(), 1, "one err eventfd signal");
-        let reason = q.metrics.broken_reason().unwrap();
+        let reason = q.counters.broken_reason().unwrap();
         assert!(reason.starts_with("host: a test:"), "{reason}");
     }
 

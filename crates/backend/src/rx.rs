@@ -205,7 +205,7 @@ fn deliver(
     let features = rx.queue.config().features();
     let hdr_len = vnet::hdr_len(features);
     if !shared.accepts(frame.get(hdr_len..).unwrap_or(&[])) {
-        rx.metrics.add(&rx.metrics.counters.filtered, 1);
+        rx.counters.filtered.add(1);
         return Ok(true); // Consumed: dropped by the filter.
     }
     let mergeable = features.contains(feature::MRG_RXBUF);
@@ -226,7 +226,7 @@ fn deliver(
             // Without mergeable buffers a frame must fit one chain: drop the frame and leave
             // the buffer for the next one.
             rx.queue.undo_pop(1);
-            rx.metrics.add(&rx.metrics.counters.dropped, 1);
+            rx.counters.dropped.add(1);
             return Ok(true);
         }
         if used > u16::MAX as usize / 2 {
@@ -321,7 +321,7 @@ mod tests {
         post_rx(&mut driver, 1, 1024);
         assert!(rx.deliver(&shared(), &mut frame(2000)).unwrap());
         let q = rx.queue.as_mut().unwrap();
-        assert_eq!(q.metrics.counters.dropped.load(Relaxed), 1);
+        assert_eq!(q.counters.dropped.get(), 1);
         q.queue.flush();
         assert!(used(&mut driver).is_empty());
         assert!(rx.deliver(&shared(), &mut frame(100)).unwrap());
@@ -339,7 +339,7 @@ mod tests {
         f[vnet::HDR_LEN..vnet::HDR_LEN + 6].copy_from_slice(&[0x02, 1, 2, 3, 4, 5]);
         assert!(rx.deliver(&s, &mut f).unwrap());
         let q = rx.queue.as_ref().unwrap();
-        assert_eq!(q.metrics.counters.filtered.load(Relaxed), 1);
+        assert_eq!(q.counters.filtered.get(), 1);
         // A burst refuses the frame too, and leaves it to `deliver`.
         assert_eq!(rx.deliver_burst(&s, &mut f, 8).unwrap(), 0);
     }
@@ -386,7 +386,7 @@ mod tests {
         assert!(!rx.has_buffers());
         assert!(rx.usable().is_none());
         let q = rx.queue.as_ref().unwrap();
-        assert!(q.metrics.is_broken());
+        assert!(q.counters.is_broken());
         assert_eq!(s.err.read().unwrap(), 1);
     }
 }

@@ -8,7 +8,7 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use vring::{DriverQueue, Features, GuestMemory};
 
 use super::device::{BackendConfig, Shared};
-use super::metrics::QueueMetrics;
+use super::metrics::{QueueCounters, QueueTunables};
 use super::queue::{QueueId, QueueRuntime};
 
 /// The driver's end, the device's queue runtime, and the device's err eventfd.
@@ -34,7 +34,8 @@ pub fn setup(id: QueueId, features: Features) -> Setup {
         EventFd::new(EFD_NONBLOCK).unwrap(),
         Some(EventFd::new(EFD_NONBLOCK).unwrap()),
         Some(err.try_clone().unwrap()),
-        Arc::new(QueueMetrics::default()),
+        Arc::new(QueueCounters::default()),
+        Arc::new(QueueTunables::default()),
     );
     Setup {
         driver,

@@ -94,7 +94,7 @@ impl Connection {
 
     /// Whether a queue of the device is broken, which GET_STATUS reports as NEEDS_RESET.
     pub fn needs_reset(&self) -> bool {
-        (0..self.device.num_queues()).any(|q| self.device.metrics(q).is_broken())
+        (0..self.device.num_queues()).any(|q| self.device.counters(q).is_broken())
     }
 
     fn protocol_negotiated(&self) -> bool {
@@ -137,10 +137,12 @@ impl Connection {
         let call = v.call.as_ref().and_then(|f| f.try_clone().ok());
         let err = v.err.as_ref().and_then(|f| f.try_clone().ok());
         let id = self.queue_id(index).ok_or(VuError::InvalidParam)?;
-        let metrics = self.device.shared().queue_metrics(id).clone();
+        let shared = self.device.shared();
+        let counters = shared.queue_counters(id).clone();
+        let tunables = shared.queue_tunables(id).clone();
         let v = &mut self.vrings[index];
         v.running = true;
-        let rt = QueueRuntime::new(id, queue, kick, call, err, metrics);
+        let rt = QueueRuntime::new(id, queue, kick, call, err, counters, tunables);
         self.device.worker(id).start(rt);
         tracing::debug!(queue = index, size = v.num, "queue started");
         Ok(())

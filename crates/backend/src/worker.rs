@@ -48,7 +48,7 @@ impl Turn {
     fn at_weight(&mut self, bytes: u64, q: &QueueRuntime) -> bool {
         if self.frames >= WEIGHT_PACKETS || bytes >= WEIGHT_BYTES {
             self.exhausted = true;
-            q.metrics.add(&q.metrics.counters.weight_exhausted, 1);
+            q.counters.weight_exhausted.add(1);
         }
         self.exhausted
     }
@@ -207,7 +207,7 @@ impl<H: Host> Worker<H> {
                         if self.host.rx_stopped() {
                             // The frame waiting for buffers goes with the queue's owner.
                             if let Some(q) = &self.rx.queue {
-                                q.metrics.add(&q.metrics.counters.dropped, 1);
+                                q.counters.dropped.add(1);
                             }
                         }
                         self.rx.unblock();
@@ -254,7 +254,7 @@ impl<H: Host> Worker<H> {
                 .send(tx.queue.memory(), &self.chain, &mut self.rx, &self.shared);
             match sent {
                 Ok(Sent::Taken) => {}
-                Ok(Sent::Dropped) => tx.metrics.add(&tx.metrics.counters.dropped, 1),
+                Ok(Sent::Dropped) => tx.counters.dropped.add(1),
                 Ok(Sent::Later) => {
                     // No room in rx: leave the frame on tx until the guest posts more.
                     tx.queue.undo_pop(1);
@@ -269,9 +269,9 @@ impl<H: Host> Worker<H> {
             turn.frames += 1;
             bytes += self.chain.readable_len().saturating_sub(hdr_len as u64);
         };
-        let c = &tx.metrics.counters;
-        tx.metrics.add(&c.packets, turn.frames as u64);
-        tx.metrics.add(&c.bytes, bytes);
+        let c = &tx.counters;
+        c.packets.add(turn.frames as u64);
+        c.bytes.add(bytes);
         match result {
             Ok(()) => {
                 if turn.frames > 0 {
@@ -315,9 +315,9 @@ impl<H: Host> Worker<H> {
         let Some(rx) = self.rx.queue.as_mut() else {
             return turn;
         };
-        let c = &rx.metrics.counters;
-        rx.metrics.add(&c.packets, turn.frames as u64);
-        rx.metrics.add(&c.bytes, bytes);
+        let c = &rx.counters;
+        c.packets.add(turn.frames as u64);
+        c.bytes.add(bytes);
         match result {
             Ok(()) => {
                 if turn.frames > 0 && rx.usable() {
@@ -346,17 +346,15 @@ impl<H: Host> Worker<H> {
     /// Spins with notifications off until work shows up, other work is pending, the CPU is
     /// wanted elsewhere, or the timeout expires. None when busy polling is off.
     fn busy_poll(&mut self) -> Option<PollExit> {
-        let metrics = [self.tx.as_ref(), self.rx.queue.as_ref()]
+        let q = [self.tx.as_ref(), self.rx.queue.as_ref()]
             .into_iter()
             .flatten()
-            .find(|q| q.usable())?
-            .metrics
-            .clone();
-        let us = metrics.busy_poll_us.load(Relaxed);
+            .find(|q| q.usable())?;
+        let (counters, us) = (q.counters.clone(), q.tunables.busy_poll_us.load(Relaxed));
         if us == 0 {
             return None;
         }
-        metrics.add(&metrics.counters.busy_poll_entries, 1);
+        counters.busy_poll_entries.add(1);
         self.disarm_notifications();
         let deadline = Instant::now() + Duration::from_micros(us as u64);
         let switches = virtnet_sys::involuntary_switches();
@@ -394,7 +392,7 @@ impl<H: Host> Worker<H> {
             }
             std::hint::spin_loop();
         };
-        metrics.poll_exit(exit);
+        counters.poll_exit(exit);
         Some(exit)
     }
 

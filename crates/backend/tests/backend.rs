@@ -49,7 +49,7 @@ fn echo_returns_every_frame_byte_for_byte_and_counters_agree() {
     assert_eq!(rx.bytes, p.rx.counters.bytes);
     // Batching and event idx keep notifications well below one per frame.
     assert!(rx.batches_flushed < rx.packets, "{rx:?}");
-    assert!(r.iter().all(|q| q.broken.is_none()));
+    assert!(r.iter().all(|q| q.counters.broken.is_none()));
 }
 
 /// Receives `want` generated frames and checks each is the null generator's frame.
@@ -136,7 +136,7 @@ fn used_batch_one_publishes_every_entry_and_batching_publishes_fewer() {
         );
         let mut p = connect(&b, WANTED);
         assert_eq!(echo_round(&mut p, 3000, 64).len(), 3000);
-        let tx = b.device.reports()[1].counters;
+        let tx = b.device.reports()[1].counters.clone();
         stores.push((tx.batches_flushed, tx.packets));
     }
     let (one, sixty_four) = (stores[0], stores[1]);

@@ -54,7 +54,7 @@ fn dpdk_virtio_user_on_our_backend_both_directions_counters_agree() {
         let queue = if mode == "rxonly" { 0 } else { 1 };
         let deadline = Instant::now() + Duration::from_secs(5);
         let ours = loop {
-            let c = b.device.reports()[queue].counters;
+            let c = b.device.reports()[queue].counters.clone();
             // Guest tx: the backend catches up with every frame testpmd sent.
             if mode == "rxonly" || c.packets >= s.tx_packets || Instant::now() > deadline {
                 break c;
@@ -63,7 +63,11 @@ fn dpdk_virtio_user_on_our_backend_both_directions_counters_agree() {
         };
         drop(t.quit());
         println!("{mode}: testpmd {s:?}; backend queue {queue}: {ours:?}");
-        assert!(b.device.reports().iter().all(|q| q.broken.is_none()));
+        assert!(b
+            .device
+            .reports()
+            .iter()
+            .all(|q| q.counters.broken.is_none()));
         if mode == "rxonly" {
             assert!(s.rx_packets > 1000, "testpmd received too little:\n{tail}");
             assert_eq!(s.rx_bytes, s.rx_packets * FRAME as u64);

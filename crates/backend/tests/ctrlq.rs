@@ -170,7 +170,7 @@ fn coalescing_commands_set_and_get_per_queue_parameters() {
         (ctrl_q.counters.ctrl_commands, ctrl_q.counters.ctrl_errors),
         (8, 4)
     );
-    assert!(ctrl_q.broken.is_none());
+    assert!(ctrl_q.counters.broken.is_none());
 }
 
 #[test]

@@ -183,10 +183,11 @@ fn a_broken_tx_ring_stops_that_queue_and_rx_keeps_working() {
         .unwrap();
     p.conn.queues[1].kick.write(1).unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
-    while b.device.reports()[1].broken.is_none() && Instant::now() < deadline {
+    while b.device.reports()[1].counters.broken.is_none() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(5));
     }
     let reason = b.device.reports()[1]
+        .counters
         .broken
         .clone()
         .expect("tx queue marked broken");
@@ -199,17 +200,17 @@ fn a_broken_tx_ring_stops_that_queue_and_rx_keeps_working() {
         p.rx.wait(10);
     }
     assert!(got >= 1000, "rx stalled after tx broke: {got}");
-    assert!(b.device.reports()[0].broken.is_none());
+    assert!(b.device.reports()[0].counters.broken.is_none());
     // Reconnecting resets the queue: a new driver works again.
     drop(p);
     let mut p = connect(&b, WANTED);
     assert!(p.rx.poll(256, |_| {}).is_ok());
     let deadline = Instant::now() + Duration::from_secs(10);
-    while b.device.reports()[1].broken.is_some() && Instant::now() < deadline {
+    while b.device.reports()[1].counters.broken.is_some() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(5));
     }
     assert!(
-        b.device.reports()[1].broken.is_none(),
+        b.device.reports()[1].counters.broken.is_none(),
         "reset clears broken"
     );
 }
@@ -279,7 +280,7 @@ fn status_is_kept_and_a_broken_queue_reports_needs_reset() {
     assert_eq!(raw_reply_u64(&mut s), (GET_STATUS, 15));
     // A queue the guest broke: the device asks for a reset (virtio NEEDS_RESET, 0x40).
     b.device
-        .metrics(1)
+        .counters(1)
         .set_broken("test: a hostile ring".into());
     raw_send(&mut s, GET_STATUS, 1, &[]);
     assert_eq!(raw_reply_u64(&mut s), (GET_STATUS, 15 | 0x40));

@@ -87,61 +87,25 @@ pub enum Reply {
     Coalesce(Coalesce),
 }
 
-/// Counters of the control queue; any thread may bump them.
-#[derive(Debug, Default)]
-pub struct CtrlCounters {
-    pub submitted: AtomicU64,
-    pub completed: AtomicU64,
-    pub refused: AtomicU64,
-    pub no_ack: AtomicU64,
-    pub timeouts: AtomicU64,
-    /// Answers that came after their submitter stopped waiting (timed out or gave up).
-    pub late_completions: AtomicU64,
-    pub kicks: AtomicU64,
-    /// Call eventfd reads by the reaper that found a notification.
-    pub interrupts: AtomicU64,
-    /// Submitters that found no free slot or descriptor and waited for one.
-    pub space_waits: AtomicU64,
-    /// Polling mode: used-ring checks made while spinning.
-    pub poll_spins: AtomicU64,
-    /// The most commands in flight at once.
-    pub max_in_flight: AtomicU64,
-}
-
-/// A point-in-time copy of [`CtrlCounters`].
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct CtrlSnapshot {
-    pub submitted: u64,
-    pub completed: u64,
-    pub refused: u64,
-    pub no_ack: u64,
-    pub timeouts: u64,
-    pub late_completions: u64,
-    pub kicks: u64,
-    pub interrupts: u64,
-    pub space_waits: u64,
-    pub poll_spins: u64,
-    pub max_in_flight: u64,
-}
-
-impl CtrlCounters {
-    fn bump(c: &AtomicU64) {
-        c.fetch_add(1, Relaxed);
-    }
-    pub fn snapshot(&self) -> CtrlSnapshot {
-        CtrlSnapshot {
-            submitted: self.submitted.load(Relaxed),
-            completed: self.completed.load(Relaxed),
-            refused: self.refused.load(Relaxed),
-            no_ack: self.no_ack.load(Relaxed),
-            timeouts: self.timeouts.load(Relaxed),
-            late_completions: self.late_completions.load(Relaxed),
-            kicks: self.kicks.load(Relaxed),
-            interrupts: self.interrupts.load(Relaxed),
-            space_waits: self.space_waits.load(Relaxed),
-            poll_spins: self.poll_spins.load(Relaxed),
-            max_in_flight: self.max_in_flight.load(Relaxed),
-        }
+vnet::counters! {
+    /// Counters of the control queue; any thread may bump them.
+    pub struct CtrlCounters / CtrlSnapshot of SharedCounter {
+        submitted,
+        completed,
+        refused,
+        no_ack,
+        timeouts,
+        /// Answers that came after their submitter stopped waiting (timed out or gave up).
+        late_completions,
+        kicks,
+        /// Call eventfd reads by the reaper that found a notification.
+        interrupts,
+        /// Submitters that found no free slot or descriptor and waited for one.
+        space_waits,
+        /// Polling mode: used-ring checks made while spinning.
+        poll_spins,
+        /// The most commands in flight at once.
+        max_in_flight,
     }
 }
 
@@ -459,7 +423,7 @@ impl Pending {
                     break Some(r);
                 }
                 self.shared.reap_once();
-                CtrlCounters::bump(&self.shared.counters.poll_spins);
+                self.shared.counters.poll_spins.add(1);
                 if let Some(r) = self.done.try_take() {
                     break Some(r);
                 }
@@ -470,7 +434,7 @@ impl Pending {
             },
         };
         got.unwrap_or_else(|| {
-            CtrlCounters::bump(&self.shared.counters.timeouts);
+            self.shared.counters.timeouts.add(1);
             Err(CtrlError::Timeout {
                 cmd: self.cmd,
                 after: timeout,
@@ -510,7 +474,7 @@ impl Shared {
             }
             if !waited {
                 waited = true;
-                CtrlCounters::bump(&self.counters.space_waits);
+                self.counters.space_waits.add(1);
             }
             if self.mode == CtrlMode::Poll {
                 // Nobody else reaps in polling mode: free what the device has finished.
@@ -525,7 +489,7 @@ impl Shared {
             }
             let now = Instant::now();
             if now >= deadline {
-                CtrlCounters::bump(&self.counters.timeouts);
+                self.counters.timeouts.add(1);
                 return Err(CtrlError::NoRoom {
                     cmd,
                     after: now - started,
@@ -565,14 +529,14 @@ impl Shared {
             cmd,
             done: done.clone(),
         });
-        CtrlCounters::bump(&self.counters.submitted);
+        self.counters.submitted.add(1);
         let in_flight = (ring.inflight.len() - ring.free.len()) as u64;
-        self.counters.max_in_flight.fetch_max(in_flight, Relaxed);
+        self.counters.max_in_flight.max(in_flight);
         let kick = ring.q.kick_prepare();
         drop(ring);
         if kick {
             let _ = self.kick.write(1);
-            CtrlCounters::bump(&self.counters.kicks);
+            self.counters.kicks.add(1);
         }
         Ok(Pending {
             shared: self.clone(),
@@ -648,15 +612,15 @@ impl Shared {
     fn deliver(&self, reaped: Vec<(Arc<Completion>, Result<Reply, CtrlError>)>) {
         let c = &self.counters;
         for (done, result) in reaped {
-            CtrlCounters::bump(&c.completed);
+            c.completed.add(1);
             match &result {
-                Err(CtrlError::Refused { .. }) => CtrlCounters::bump(&c.refused),
-                Err(CtrlError::NoAck { .. }) => CtrlCounters::bump(&c.no_ack),
+                Err(CtrlError::Refused { .. }) => c.refused.add(1),
+                Err(CtrlError::NoAck { .. }) => c.no_ack.add(1),
                 _ => {}
             }
             // Only the in-flight table holds it: its submitter has stopped waiting.
             if Arc::strong_count(&done) == 1 {
-                CtrlCounters::bump(&c.late_completions);
+                c.late_completions.add(1);
             }
             done.complete(result);
         }
@@ -695,7 +659,7 @@ impl Shared {
                 break;
             }
             if ready & 1 != 0 && self.call.read().is_ok() {
-                CtrlCounters::bump(&self.counters.interrupts);
+                self.counters.interrupts.add(1);
             }
             self.reap_and_rearm();
             self.reaper_cpu_ns

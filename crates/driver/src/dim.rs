@@ -17,7 +17,7 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use super::counters::{Counter, QueueCounters};
+use super::counters::QueueCounters;
 use super::ctrl::{CtrlMode, CtrlQueue, Pending};
 use vnet::ctrl::{Coalesce, Command};
 
@@ -336,34 +336,15 @@ impl Dim {
     }
 }
 
-/// Counters of one queue's DIM, readable from any thread.
-#[derive(Debug, Default)]
-pub struct DimCounters {
-    /// Profile changes decided, commands that succeeded, commands that failed.
-    pub decisions: Counter,
-    pub applied: Counter,
-    pub failed: Counter,
-    /// The profile in force on the device.
-    pub profile: AtomicU64,
-}
-
-/// A point-in-time copy of [`DimCounters`].
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct DimSnapshot {
-    pub decisions: u64,
-    pub applied: u64,
-    pub failed: u64,
-    pub profile: u64,
-}
-
-impl DimCounters {
-    pub fn snapshot(&self) -> DimSnapshot {
-        DimSnapshot {
-            decisions: self.decisions.get(),
-            applied: self.applied.get(),
-            failed: self.failed.get(),
-            profile: self.profile.load(Relaxed),
-        }
+vnet::counters! {
+    /// Counters of one queue's DIM, readable from any thread.
+    pub struct DimCounters / DimSnapshot {
+        /// Profile changes decided, commands that succeeded, commands that failed.
+        decisions,
+        applied,
+        failed,
+        /// The profile in force on the device (a gauge).
+        profile,
     }
 }
 
@@ -507,7 +488,7 @@ impl RxDim {
     pub fn new(vqn: u16, dispatch: DimDispatch, start: usize) -> RxDim {
         let dim = Dim::new(RX_PROFILES.len(), start);
         let counters = Arc::new(DimCounters::default());
-        counters.profile.store(dim.profile() as u64, Relaxed);
+        counters.profile.set(dim.profile() as u64);
         RxDim {
             dim,
             vqn,
@@ -531,9 +512,7 @@ impl RxDim {
             self.inflight = None;
             if ok {
                 self.counters.applied.add(1);
-                self.counters
-                    .profile
-                    .store(self.dim.profile() as u64, Relaxed);
+                self.counters.profile.set(self.dim.profile() as u64);
             } else {
                 self.counters.failed.add(1);
             }

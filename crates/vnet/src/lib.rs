@@ -3,12 +3,14 @@
 //!
 //! - here: the header in front of every frame, and the device configuration space;
 //! - [`ctrl`]: the control-queue codec (5.1.6.5);
-//! - [`vhost_wire`]: the framing of SET_STATUS / GET_STATUS.
+//! - [`vhost_wire`]: the framing of SET_STATUS / GET_STATUS;
+//! - [`stats`]: the counter types and the [`counters!`] macro both halves count with.
 
 #![forbid(unsafe_code)]
 
 pub mod ctrl;
 pub mod feature;
+pub mod stats;
 pub mod vhost_wire;
 
 use vring::Features;

@@ -41,9 +41,9 @@ impl Host for EchoPort {
             Ok(true) => {
                 let hdr_len = rx.hdr_len();
                 if let Some(q) = rx.queue.as_ref() {
-                    let c = &q.metrics.counters;
-                    q.metrics.add(&c.packets, 1);
-                    q.metrics.add(&c.bytes, n.saturating_sub(hdr_len) as u64);
+                    let c = &q.counters;
+                    c.packets.add(1);
+                    c.bytes.add(n.saturating_sub(hdr_len) as u64);
                 }
                 Ok(Sent::Taken)
             }
@@ -80,7 +80,6 @@ fn read_chain(mem: &GuestMemory, chain: &Chain, buf: &mut [u8]) -> Result<usize,
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::Ordering::Relaxed;
 
     use testkit::Pair;
     use vnet::feature;
@@ -116,7 +115,7 @@ mod tests {
         let q = path.queue.as_mut().unwrap();
         q.queue.flush();
         assert_eq!(used(&mut rx_driver), [(0, 200)]);
-        assert_eq!(q.metrics.counters.packets.load(Relaxed), 1);
+        assert_eq!(q.counters.packets.get(), 1);
         let mut back = vec![0u8; 200];
         rx_mem.read(Pair::buf(0, 0).addr, &mut back).unwrap();
         // The header's num_buffers is the device's; the frame after it comes back as sent.
