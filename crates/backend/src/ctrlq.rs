@@ -4,13 +4,13 @@
 //!
 //! Each command answers in its own chain: a reply (VQ_NOTF_COAL GET) at the start of the
 //! writable part and the ack in its last byte. A command the device cannot decode or apply is
-//! acked ERR; only a chain the ring engine refuses breaks the queue. `ctrl_delay_us` makes the
-//! device slow on purpose, for the benchmark of polling against interrupt-driven completion.
+//! acked ERR; only a chain the ring engine refuses breaks the queue. `ctrl_delay_us` (the
+//! `experiments` feature) makes the device slow on purpose, for the benchmark of polling
+//! against interrupt-driven completion.
 
 use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
-use std::time::Duration;
 
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vring::{Chain, Error as RingError, GuestMemory, Segment};
@@ -81,9 +81,10 @@ pub fn process_commands(shared: &Shared, q: &mut QueueRuntime, chain: &mut Chain
                 return done;
             }
         }
-        let delay = shared.config.ctrl_delay_us;
-        if delay > 0 {
-            std::thread::sleep(Duration::from_micros(delay as u64));
+        #[cfg(feature = "experiments")]
+        if shared.config.ctrl_delay_us > 0 {
+            let delay = shared.config.ctrl_delay_us as u64;
+            std::thread::sleep(std::time::Duration::from_micros(delay));
         }
         let result = CtrlWorker::answer(shared, q.queue.memory(), chain);
         let c = &q.counters;

@@ -73,7 +73,9 @@ pub struct BackendConfig {
     pub mac: [u8; 6],
     pub mtu: u16,
     pub busy_poll_us: u32,
-    /// A slow device on purpose (the control-queue benchmark): wait this long before answering each control command.
+    /// A slow device on purpose (the control-queue benchmark): wait this long before answering
+    /// each control command. The `experiments` feature.
+    #[cfg(feature = "experiments")]
     pub ctrl_delay_us: u32,
     /// Used entries written before `used.idx` is published (batched used publish; 1 = every entry).
     pub used_batch: u16,
@@ -91,6 +93,7 @@ impl Default for BackendConfig {
             mac: [0x52, 0x54, 0x00, 0x12, 0x34, 0x56],
             mtu: 1500,
             busy_poll_us: 0,
+            #[cfg(feature = "experiments")]
             ctrl_delay_us: 0,
             used_batch: vring::DEFAULT_USED_BATCH,
             poll_rx_from_tx: true,

@@ -1,6 +1,7 @@
 //! Our driver against our backend, in one process, over a real vhost-user unix socket.
 
 use testkit::inproc;
+use virtnet_driver::{Frames, PollMode};
 
 use std::time::{Duration, Instant};
 
@@ -59,12 +60,16 @@ fn receive_null_frames(p: &mut Pair, size: usize, want: usize) {
     let deadline = Instant::now() + Duration::from_secs(20);
     while got < want && Instant::now() < deadline {
         got +=
-            p.rx.poll(256, |f| {
-                let ok = f.len() == size && f[..6] == [0xff; 6] && f[12..14] == [0x88, 0xb5];
-                if !ok && bad.is_none() {
-                    bad = Some(f[..f.len().min(16)].to_vec());
-                }
-            })
+            p.rx.poll(
+                256,
+                PollMode::Napi,
+                Frames(|f: &[u8]| {
+                    let ok = f.len() == size && f[..6] == [0xff; 6] && f[12..14] == [0x88, 0xb5];
+                    if !ok && bad.is_none() {
+                        bad = Some(f[..f.len().min(16)].to_vec());
+                    }
+                }),
+            )
             .unwrap();
         if got < want {
             p.rx.wait(10);

@@ -2,6 +2,7 @@
 //! effect is visible in the backend, and malformed commands are acked ERR.
 
 use testkit::inproc;
+use virtnet_driver::{Frames, PollMode};
 
 use std::time::{Duration, Instant};
 
@@ -194,7 +195,7 @@ fn vq_pairs_set_silences_the_other_pairs() {
     let deadline = Instant::now() + Duration::from_millis(500);
     while Instant::now() < deadline {
         for (p, (rx, _)) in queues.iter_mut().enumerate() {
-            got[p] += rx.poll(256, |_| {}).unwrap();
+            got[p] += rx.poll(256, PollMode::Napi, Frames(|_: &[u8]| {})).unwrap();
         }
         std::thread::sleep(Duration::from_millis(1));
     }
@@ -212,7 +213,10 @@ fn vq_pairs_set_silences_the_other_pairs() {
     let deadline = Instant::now() + Duration::from_secs(5);
     let mut more = 0;
     while more < 1000 && Instant::now() < deadline {
-        more += queues[1].0.poll(256, |_| {}).unwrap();
+        more += queues[1]
+            .0
+            .poll(256, PollMode::Napi, Frames(|_: &[u8]| {}))
+            .unwrap();
         queues[1].0.wait(5);
     }
     assert!(more >= 1000, "pair 1 back: {more}");
@@ -249,11 +253,13 @@ fn promisc_off_filters_frames_to_other_macs() {
     let mut got = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(5);
     while got.is_empty() && Instant::now() < deadline {
-        rx.poll(16, |x| got.push(x.to_vec())).unwrap();
+        rx.poll(16, PollMode::Napi, Frames(|x: &[u8]| got.push(x.to_vec())))
+            .unwrap();
         rx.wait(5);
     }
     std::thread::sleep(Duration::from_millis(50));
-    rx.poll(16, |x| got.push(x.to_vec())).unwrap();
+    rx.poll(16, PollMode::Napi, Frames(|x: &[u8]| got.push(x.to_vec())))
+        .unwrap();
     assert_eq!(got.len(), 1, "only the frame to our MAC comes back");
     assert!(got[0] == g);
     assert_eq!(b.device.reports()[0].counters.filtered, 1);

@@ -2,6 +2,7 @@
 //! get a clean error, the queue concerned is marked broken, and the backend keeps serving.
 
 use testkit::inproc;
+use virtnet_driver::{Frames, PollMode};
 
 use std::io::Write;
 use std::os::unix::net::UnixStream;
@@ -196,7 +197,9 @@ fn a_broken_tx_ring_stops_that_queue_and_rx_keeps_working() {
     let mut got = 0;
     let deadline = Instant::now() + Duration::from_secs(10);
     while got < 1000 && Instant::now() < deadline {
-        got += p.rx.poll(256, |_| {}).unwrap();
+        got +=
+            p.rx.poll(256, PollMode::Napi, Frames(|_: &[u8]| {}))
+                .unwrap();
         p.rx.wait(10);
     }
     assert!(got >= 1000, "rx stalled after tx broke: {got}");
@@ -204,7 +207,10 @@ fn a_broken_tx_ring_stops_that_queue_and_rx_keeps_working() {
     // Reconnecting resets the queue: a new driver works again.
     drop(p);
     let mut p = connect(&b, WANTED);
-    assert!(p.rx.poll(256, |_| {}).is_ok());
+    assert!(p
+        .rx
+        .poll(256, PollMode::Napi, Frames(|_: &[u8]| {}))
+        .is_ok());
     let deadline = Instant::now() + Duration::from_secs(10);
     while b.device.reports()[1].counters.broken.is_some() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(5));

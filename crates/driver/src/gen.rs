@@ -20,7 +20,10 @@ use crate::counters::CountersSnapshot;
 use crate::ctrl::{CtrlMode, CtrlSnapshot};
 use crate::dim::{DimDispatch, DimSnapshot, RxDim, DEFAULT_PROFILE, RX_PROFILES};
 use crate::offload::udp4_frame;
-use crate::{DriverConfig, DriverError, NetDriver, QueuePair, DEFAULT_FEATURES};
+use crate::{
+    Count, DriverConfig, DriverError, Frames, NetDriver, PollMode, QueuePair, TxPolicy,
+    DEFAULT_FEATURES,
+};
 use vnet::NetHdr;
 
 /// What each pair's thread does.
@@ -64,6 +67,7 @@ pub struct GenConfig {
     /// Frames per transmit burst (one kick decision per burst).
     pub burst: usize,
     /// Publish the avail index once per burst (tx) or refill (rx) rather than per buffer.
+    #[cfg(feature = "experiments")]
     pub avail_per_burst: bool,
     /// How long to keep retrying the connection.
     #[serde(serialize_with = "as_secs")]
@@ -87,6 +91,7 @@ impl Default for GenConfig {
             dim: false,
             queue_size: 256,
             burst: 32,
+            #[cfg(feature = "experiments")]
             avail_per_burst: false,
             connect_wait: Duration::from_secs(2),
         }
@@ -348,6 +353,9 @@ pub fn run(config: &GenConfig, on_second: &mut dyn FnMut(&Rates)) -> Result<GenR
         ctrl: use_ctrl.then_some(config.ctrl),
         tx_buf_len: (config.size as u32 + 64).next_multiple_of(64).max(2048),
         connect_wait: config.connect_wait,
+        tx: TxPolicy::default().with_busy_poll(config.busy_poll),
+        #[cfg(feature = "experiments")]
+        avail_per_burst: config.avail_per_burst,
         ..Default::default()
     };
     let mut driver = NetDriver::connect(&config.socket, &dcfg)?;
@@ -514,17 +522,12 @@ fn worker(
 ) -> Result<WorkerResult, DriverError> {
     let mut histogram = Histogram::default();
     let mut lost = 0;
-    p.tx.set_avail_per_burst(cfg.avail_per_burst);
-    p.rx.set_avail_per_burst(cfg.avail_per_burst);
-    p.tx.set_busy_poll(cfg.busy_poll);
-    let busy = cfg.busy_poll;
-    let rx_poll = move |rx: &mut crate::RxQueue, budget: usize| {
-        if busy {
-            rx.poll_busy_count(budget)
-        } else {
-            rx.poll_count(budget)
-        }
+    let mode = if cfg.busy_poll {
+        PollMode::Busy
+    } else {
+        PollMode::Napi
     };
+    let rx_poll = move |rx: &mut crate::RxQueue, budget: usize| rx.poll(budget, mode, Count);
     let frame = udp4_frame(cfg.size, dst, src, &[]);
     match cfg.mode {
         Mode::TxOnly => {
@@ -575,11 +578,15 @@ fn worker(
                 let deadline = sent_at + RR_LOSS_TIMEOUT;
                 let mut back = false;
                 while !back && !stop.load(Relaxed) {
-                    let n = p.rx.poll(64, |f| {
-                        if f.len() >= 50 && f[42..50] == seq.to_le_bytes() {
-                            back = true;
-                        }
-                    })?;
+                    let n = p.rx.poll(
+                        64,
+                        PollMode::Napi,
+                        Frames(|f: &[u8]| {
+                            if f.len() >= 50 && f[42..50] == seq.to_le_bytes() {
+                                back = true;
+                            }
+                        }),
+                    )?;
                     if back {
                         histogram.record(sent_at.elapsed().as_nanos() as u64);
                         round_trips.add(1);
@@ -602,7 +609,7 @@ fn worker(
         let idle_until = Instant::now() + Duration::from_millis(20);
         while Instant::now() < idle_until {
             if rx_poll(&mut p.rx, RX_BUDGET)? == 0 {
-                if busy {
+                if cfg.busy_poll {
                     std::thread::sleep(Duration::from_millis(1));
                 } else {
                     p.rx.wait(2);

@@ -35,8 +35,10 @@ use crate::frontend::{Allocator, FrontendError};
 pub use counters::{CountersSnapshot, QueueCounters};
 pub use ctrl::{CtrlError, CtrlMode, CtrlQueue, Reply};
 pub use net::{DriverConfig, NetDriver, QueuePair, CTRL_FEATURES, DEFAULT_FEATURES};
-pub use rx::{RxLayout, RxQueue};
-pub use tx::{TxQueue, TX_RECLAIM_BUDGET, TX_WORST_CASE_DESCS};
+pub use rx::{Count, Frames, PollMode, RxLayout, RxQueue, Sink};
+#[cfg(feature = "experiments")]
+pub use tx::TxTechniques;
+pub use tx::{TxPolicy, TxQueue, TX_RECLAIM_BUDGET, TX_WORST_CASE_DESCS};
 
 use counters::QueueCounters as Counters;
 

@@ -15,7 +15,7 @@ use vring::{Features, RingAddresses};
 use super::counters::QueueCounters;
 use super::ctrl::{CtrlMode, CtrlQueue};
 use super::rx::{self, RxLayout, RxQueue};
-use super::tx::TxQueue;
+use super::tx::{TxPolicy, TxQueue};
 use super::DriverError;
 use crate::frontend::{status, Connection};
 use vnet::ctrl::{Coalesce, Command};
@@ -61,6 +61,12 @@ pub struct DriverConfig {
     pub tx_buf_len: u32,
     /// How long to retry connecting while the socket does not accept yet.
     pub connect_wait: Duration,
+    /// How the tx queues work.
+    pub tx: TxPolicy,
+    /// Publish every queue's avail index once per burst instead of on every buffer (see
+    /// [`TxQueue`]'s `set_avail_per_burst`).
+    #[cfg(feature = "experiments")]
+    pub avail_per_burst: bool,
 }
 
 impl Default for DriverConfig {
@@ -74,6 +80,9 @@ impl Default for DriverConfig {
             ctrl_timeout: Duration::from_secs(5),
             tx_buf_len: 2048,
             connect_wait: Duration::from_secs(5),
+            tx: TxPolicy::default(),
+            #[cfg(feature = "experiments")]
+            avail_per_burst: false,
         }
     }
 }
@@ -151,8 +160,16 @@ impl NetDriver {
             let (Some(rx_setup), Some(tx_setup)) = (rx_setup, tx_setup) else {
                 unreachable!("set up just above");
             };
-            let rx = RxQueue::with_layout(rx_vq, rx_setup, &mem, alloc, layout)?;
-            let tx = TxQueue::with_vq(tx_vq, tx_setup, &mem, alloc, config.tx_buf_len)?;
+            #[allow(unused_mut)] // Mutated with the `experiments` feature only.
+            let mut rx = RxQueue::with_layout(rx_vq, rx_setup, &mem, alloc, layout)?;
+            #[allow(unused_mut)]
+            let mut tx =
+                TxQueue::with_vq(tx_vq, tx_setup, &mem, alloc, config.tx_buf_len, config.tx)?;
+            #[cfg(feature = "experiments")]
+            {
+                rx.set_avail_per_burst(config.avail_per_burst);
+                tx.set_avail_per_burst(config.avail_per_burst);
+            }
             queue_pairs.push(QueuePair { pair: p, rx, tx });
         }
         let ctrl = match config.ctrl {

@@ -96,6 +96,44 @@ pub struct RxQueue {
     pub counters: Arc<QueueCounters>,
 }
 
+/// How [`RxQueue::poll`] waits for more frames.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PollMode {
+    /// As Linux's NAPI: enable callbacks and re-check at the end, for an owner that sleeps on
+    /// the call eventfd.
+    Napi,
+    /// Callbacks stay off: the owner polls again and never sleeps.
+    Busy,
+}
+
+/// Where [`RxQueue::poll`] puts the frames it receives.
+pub trait Sink {
+    /// Whether the frames' bytes are copied out (else they are only counted).
+    const COPY: bool;
+    /// One frame, header stripped (only called when `COPY`).
+    fn frame(&mut self, frame: &[u8]);
+}
+
+/// Frames are counted, not copied.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Count;
+
+impl Sink for Count {
+    const COPY: bool = false;
+    fn frame(&mut self, _: &[u8]) {}
+}
+
+/// Each frame goes to the closure.
+#[derive(Debug)]
+pub struct Frames<F>(pub F);
+
+impl<F: FnMut(&[u8])> Sink for Frames<F> {
+    const COPY: bool = true;
+    fn frame(&mut self, frame: &[u8]) {
+        (self.0)(frame)
+    }
+}
+
 impl RxQueue {
     /// The rx queue of pair 0 (virtqueue 0) with `buf_len`-byte buffers: mergeable ones if
     /// MRG_RXBUF is negotiated, else one buffer per frame, which must then hold the largest
@@ -179,8 +217,9 @@ impl RxQueue {
         &self.q
     }
     /// Publishes the avail index once per refill instead of per buffer (see
-    /// `TxQueue::set_avail_per_burst`). Off by default.
-    pub fn set_avail_per_burst(&mut self, on: bool) {
+    /// `TxQueue::set_avail_per_burst`). Set by `NetDriver` when it builds the queue.
+    #[cfg(feature = "experiments")]
+    pub(crate) fn set_avail_per_burst(&mut self, on: bool) {
         self.q.set_publish_on_kick(on);
     }
 
@@ -271,14 +310,14 @@ impl RxQueue {
     }
 
     /// Like [`RxQueue::recv`] without copying the frame out: its length only, for a consumer
-    /// that only counts (as DPDK's rxonly forwarding does).
+    /// that only counts (as DPDK's rxonly forwarding does; [`Count`] in a poll).
     ///
     /// The frame's bytes, header included, are not read at all unless the frame may go on
     /// into another buffer (mergeable buffers only): the device's cache keeps the lines it
     /// wrote, and its next write there costs it no transfer. A buffer the device did not fill
     /// ends its frame, because a device must fill every buffer of a frame but the last
     /// (spec 5.1.6.4.2), so `num_buffers` is read only for a full buffer.
-    pub fn recv_len(&mut self) -> Result<Option<usize>, DriverError> {
+    fn recv_len(&mut self) -> Result<Option<usize>, DriverError> {
         Ok(self.take(None)?.map(|(_, len)| len))
     }
 
@@ -377,12 +416,51 @@ impl RxQueue {
         Ok(len - from)
     }
 
-    /// Busy-polling receive that only counts: up to `budget` frames taken (not copied), then
-    /// refill. Callbacks stay off.
-    pub fn poll_busy_count(&mut self, budget: usize) -> Result<usize, DriverError> {
+    /// Receives up to `budget` frames into `sink`, then refills; returns how many.
+    ///
+    /// - [`PollMode::Napi`]: then enables callbacks and re-checks, so that a frame that landed
+    ///   meanwhile does not wait for the next interrupt. When it returns fewer than `budget`,
+    ///   callbacks are on and the caller may sleep on the call eventfd.
+    /// - [`PollMode::Busy`]: callbacks stay off (the caller never sleeps), so nothing is
+    ///   written to the ring for them.
+    ///
+    /// [`Frames`] hands each frame (header stripped) to a closure; [`Count`] only counts them,
+    /// reading no byte of a frame unless it may continue into another buffer.
+    pub fn poll<S: Sink>(
+        &mut self,
+        budget: usize,
+        mode: PollMode,
+        mut sink: S,
+    ) -> Result<usize, DriverError> {
+        let mut frame = std::mem::take(&mut self.frame);
+        let take_one = |rx: &mut RxQueue| -> Result<bool, DriverError> {
+            if S::COPY {
+                let got = rx.take(Some(&mut frame))?.is_some();
+                if got {
+                    sink.frame(&frame);
+                }
+                Ok(got)
+            } else {
+                Ok(rx.recv_len()?.is_some())
+            }
+        };
+        let r = match mode {
+            PollMode::Napi => self.napi(budget, take_one),
+            PollMode::Busy => self.busy(budget, take_one),
+        };
+        self.frame = frame;
+        r
+    }
+
+    /// The busy round: `take_one` until `budget` or empty, then refill; callbacks off.
+    fn busy(
+        &mut self,
+        budget: usize,
+        mut take_one: impl FnMut(&mut RxQueue) -> Result<bool, DriverError>,
+    ) -> Result<usize, DriverError> {
         self.q.disable_cb();
         let mut n = 0;
-        while n < budget && self.recv_len()?.is_some() {
+        while n < budget && take_one(self)? {
             n += 1;
         }
         if n > 0 {
@@ -390,27 +468,6 @@ impl RxQueue {
             self.refill()?;
         }
         Ok(n)
-    }
-
-    /// NAPI-style poll: up to `budget` frames handed to `f`, refill, then enable callbacks
-    /// and re-check. Returns the frames received; when it returns fewer than `budget`,
-    /// callbacks are on and the caller may sleep on the call eventfd.
-    pub fn poll(&mut self, budget: usize, mut f: impl FnMut(&[u8])) -> Result<usize, DriverError> {
-        let mut frame = std::mem::take(&mut self.frame);
-        let r = self.napi(budget, |rx| match rx.take(Some(&mut frame))? {
-            Some(_) => {
-                f(&frame);
-                Ok(true)
-            }
-            None => Ok(false),
-        });
-        self.frame = frame;
-        r
-    }
-
-    /// Like [`RxQueue::poll`] for a consumer that only counts: frames are taken, not copied.
-    pub fn poll_count(&mut self, budget: usize) -> Result<usize, DriverError> {
-        self.napi(budget, |rx| Ok(rx.take(None)?.is_some()))
     }
 
     /// The NAPI round: `take_one` until `budget` or empty, refill, enable and re-check.
@@ -441,39 +498,6 @@ impl RxQueue {
             self.counters.rechecks.add(1);
             self.q.disable_cb();
         }
-    }
-
-    /// Busy-polling receive: up to `budget` frames handed to `f`, then refill. Callbacks stay
-    /// off (the caller never sleeps), so nothing is written to the ring for them.
-    pub fn poll_busy(
-        &mut self,
-        budget: usize,
-        mut f: impl FnMut(&[u8]),
-    ) -> Result<usize, DriverError> {
-        self.q.disable_cb();
-        let mut frame = std::mem::take(&mut self.frame);
-        let mut n = 0;
-        let mut result = Ok(());
-        while n < budget {
-            match self.recv(&mut frame) {
-                Ok(Some(_)) => {
-                    f(&frame);
-                    n += 1;
-                }
-                Ok(None) => break,
-                Err(e) => {
-                    result = Err(e);
-                    break;
-                }
-            }
-        }
-        self.frame = frame;
-        result?;
-        if n > 0 {
-            self.counters.polls.add(1);
-            self.refill()?;
-        }
-        Ok(n)
     }
 
     /// Blocks until the call eventfd fires or `timeout_ms` passes (negative: forever);

@@ -7,9 +7,80 @@
 //!   interrupt once 3/4 of what is in flight has completed, not one per frame;
 //! - the avail index is published on every add, the kick is decided once per burst.
 //!
-//! The first three can be switched off, for `virtnet bench` to measure what each buys (the
-//! driver before that series): [`TxQueue::set_capacity_stop`], [`TxQueue::set_bounded_reclaim`],
-//! [`TxQueue::set_delayed_callbacks`].
+//! A queue's behaviour is one [`TxPolicy`], fixed when it is built. With the `experiments`
+//! feature (for `virtnet bench`) the policy can also switch the first three off, to measure
+//! what each buys, and `DriverConfig` can delay the avail index to the kick.
+
+/// How a transmit queue works, fixed when it is built. The default is Linux's.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TxPolicy {
+    /// The owner busy-polls [`TxQueue::reclaim`] while the queue is stopped, so stopping asks
+    /// for no completion interrupt: the device is spared the eventfd writes.
+    pub busy_poll: bool,
+    /// Which of the event-index series' techniques are on (all, by default).
+    #[cfg(feature = "experiments")]
+    pub techniques: TxTechniques,
+}
+
+/// The techniques of Linux's event-index series that a measurement may switch off; off is the
+/// driver before that series.
+#[cfg(feature = "experiments")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TxTechniques {
+    /// On: while stopped, ask for the completion interrupt after 3/4 of what is in flight.
+    /// Off: completion interrupts stay enabled (re-armed at the next completion on every flush
+    /// and stop), so the owner should read the call eventfd (`ack_interrupt`) after each burst.
+    pub delayed_callbacks: bool,
+    /// On: stop while a worst-case packet still fits. Off: no capacity check before adding; a
+    /// frame that finds the ring full is not sent (counted in `ring_full`, [`TxQueue::send`]
+    /// returns false as Linux's NETDEV_TX_BUSY, for the caller to retry), the queue stops
+    /// then, and restarts as soon as one frame fits again.
+    pub capacity_stop: bool,
+    /// On: reclaim at most [`TX_RECLAIM_BUDGET`] completions per transmit call, and only when
+    /// short of room. Off: every transmit call first reclaims every completion published.
+    pub bounded_reclaim: bool,
+}
+
+#[cfg(feature = "experiments")]
+impl Default for TxTechniques {
+    fn default() -> Self {
+        TxTechniques {
+            delayed_callbacks: true,
+            capacity_stop: true,
+            bounded_reclaim: true,
+        }
+    }
+}
+
+impl TxPolicy {
+    /// This policy, with the owner busy-polling (or not).
+    pub fn with_busy_poll(mut self, on: bool) -> TxPolicy {
+        self.busy_poll = on;
+        self
+    }
+
+    #[inline]
+    fn delayed_callbacks(&self) -> bool {
+        #[cfg(feature = "experiments")]
+        return self.techniques.delayed_callbacks;
+        #[cfg(not(feature = "experiments"))]
+        true
+    }
+    #[inline]
+    fn capacity_stop(&self) -> bool {
+        #[cfg(feature = "experiments")]
+        return self.techniques.capacity_stop;
+        #[cfg(not(feature = "experiments"))]
+        true
+    }
+    #[inline]
+    fn bounded_reclaim(&self) -> bool {
+        #[cfg(feature = "experiments")]
+        return self.techniques.bounded_reclaim;
+        #[cfg(not(feature = "experiments"))]
+        true
+    }
+}
 
 use std::sync::Arc;
 
@@ -49,40 +120,32 @@ pub struct TxQueue {
     slot_tag: Vec<Option<u64>>,
     stopped: bool,
     pending_kick: bool,
-    /// The owner polls instead of sleeping: never ask the device for an interrupt.
-    busy_poll: bool,
+    policy: TxPolicy,
     /// A stopped queue restarts once this many descriptors are free.
     wake_at: u16,
-    /// Ask for the completion interrupt after 3/4 of what is in flight (the event-index series' delayed
-    /// callback, the default) rather than at the next completion (for `virtnet bench`).
-    delayed_cb: bool,
-    /// Stop the queue while a worst-case packet still fits (the default, as Linux), rather
-    /// than find the ring full when a frame is added (for `virtnet bench`).
-    capacity_stop: bool,
-    /// Reclaim at most [`TX_RECLAIM_BUDGET`] completions per transmit call, and only when
-    /// short of room (the default, as Linux), rather than all of them on every call.
-    bounded_reclaim: bool,
     pub counters: Arc<QueueCounters>,
 }
 
 impl TxQueue {
-    /// The tx queue of pair 0 (virtqueue 1), with one `buf_len`-byte buffer per descriptor.
+    /// The tx queue of pair 0 (virtqueue 1), with one `buf_len`-byte buffer per descriptor,
+    /// working as Linux's.
     pub fn new(
         setup: &QueueSetup,
         mem: &Arc<GuestMemory>,
         alloc: &mut Allocator,
         buf_len: u32,
     ) -> Result<TxQueue, DriverError> {
-        TxQueue::with_vq(1, setup, mem, alloc, buf_len)
+        TxQueue::with_vq(1, setup, mem, alloc, buf_len, TxPolicy::default())
     }
 
-    /// The tx queue at virtqueue index `vq` (2 * pair + 1).
+    /// The tx queue at virtqueue index `vq` (2 * pair + 1), working by `policy`.
     pub fn with_vq(
         vq: u16,
         setup: &QueueSetup,
         mem: &Arc<GuestMemory>,
         alloc: &mut Allocator,
         buf_len: u32,
+        policy: TxPolicy,
     ) -> Result<TxQueue, DriverError> {
         let q = DriverQueue::activate(&setup.config, mem.clone(), setup.indirect)
             .map_err(|source| DriverError::Ring { vq, source })?;
@@ -105,10 +168,7 @@ impl TxQueue {
             slot_tag: vec![None; size as usize],
             stopped: false,
             pending_kick: false,
-            busy_poll: false,
-            delayed_cb: true,
-            capacity_stop: true,
-            bounded_reclaim: true,
+            policy,
             wake_at: TX_WORST_CASE_DESCS.min(size),
             counters: Arc::new(QueueCounters::default()),
         };
@@ -121,58 +181,25 @@ impl TxQueue {
         self.vq
     }
 
-    /// Publishes the avail index once per burst ([`TxQueue::flush`]) instead of on every
-    /// frame. Linux's event-index series made every add publish, which lets a sleeping device start early; a
-    /// device that polls the ring instead pays a cache-line transfer per frame for it. Off by
-    /// default.
-    pub fn set_avail_per_burst(&mut self, on: bool) {
-        self.q.set_publish_on_kick(on);
-    }
-
-    /// Delayed completion callbacks on (the default) or off. Off is the driver before seed
-    /// 002: completion interrupts stay enabled (re-armed at the next completion on every flush
-    /// and stop), so the owner should read the call eventfd (`ack_interrupt`) after each burst.
-    /// For measurements.
-    pub fn set_delayed_callbacks(&mut self, on: bool) {
-        self.delayed_cb = on;
-    }
-
     fn enable_completion_cb(&mut self) -> bool {
-        if self.delayed_cb {
+        if self.policy.delayed_callbacks() {
             self.q.enable_cb_delayed()
         } else {
             self.q.enable_cb()
         }
     }
 
-    /// Capacity stop/wake on (the default) or off. Off is the driver before the event-index series: no
-    /// capacity check before adding; a frame that finds the ring full is not sent (counted in
-    /// `ring_full`, [`TxQueue::send`] returns false as Linux's NETDEV_TX_BUSY, for the caller
-    /// to retry), the queue stops then, and restarts as soon as one frame fits again. For
-    /// measurements.
-    pub fn set_capacity_stop(&mut self, on: bool) {
-        self.capacity_stop = on;
+    pub fn policy(&self) -> TxPolicy {
+        self.policy
     }
 
-    /// Bounded reclaim on (the default) or off. Off is the driver before the event-index series: every
-    /// transmit call first reclaims every completion the device has published. For
-    /// measurements.
-    pub fn set_bounded_reclaim(&mut self, on: bool) {
-        self.bounded_reclaim = on;
-    }
-
-    /// The owner busy-polls [`TxQueue::reclaim`] while stopped, so stopping asks for no
-    /// completion interrupt: the device is spared the eventfd writes.
-    pub fn set_busy_poll(&mut self, on: bool) {
-        self.busy_poll = on;
-    }
-
-    /// Restarts a stopped queue only once `free` descriptors are free (at least a worst-case
-    /// packet's): hysteresis, so that a polling owner sends in bursts instead of a frame
-    /// per completion.
-    pub fn set_wake_threshold(&mut self, free: u16) {
-        let size = self.q.config().size();
-        self.wake_at = free.clamp(TX_WORST_CASE_DESCS.min(size), size);
+    /// Publishes the avail index once per burst ([`TxQueue::flush`]) instead of on every
+    /// frame. Linux's event-index series made every add publish, which lets a sleeping device
+    /// start early; a device that polls the ring pays a cache-line transfer per frame for it.
+    /// Set by `NetDriver` when it builds the queue.
+    #[cfg(feature = "experiments")]
+    pub(crate) fn set_avail_per_burst(&mut self, on: bool) {
+        self.q.set_publish_on_kick(on);
     }
 
     pub fn is_stopped(&self) -> bool {
@@ -229,7 +256,7 @@ impl TxQueue {
     /// Whether a stopped queue may restart: with capacity stop/wake, once `wake_at`
     /// descriptors and a worst-case packet's room are free; without, once one frame fits.
     fn can_wake(&self) -> bool {
-        if self.capacity_stop {
+        if self.policy.capacity_stop() {
             self.q.num_free() >= self.wake_at && self.has_room()
         } else {
             self.q.num_free() > 0 && !self.pool.free.is_empty()
@@ -263,7 +290,7 @@ impl TxQueue {
         hdr: NetHdr,
         tag: Option<u64>,
     ) -> Result<bool, DriverError> {
-        if !self.bounded_reclaim {
+        if !self.policy.bounded_reclaim() {
             // Before the event-index series: every transmit first frees everything completed.
             self.reclaim(usize::MAX)?;
         } else if self.q.num_free() < self.reclaim_below || self.stopped {
@@ -321,7 +348,7 @@ impl TxQueue {
         if hdr.gso_type != HDR_GSO_NONE {
             self.counters.gso_offloaded.add(1);
         }
-        if self.capacity_stop && !self.has_room() {
+        if self.policy.capacity_stop() && !self.has_room() {
             self.stop()?;
         }
         Ok(true)
@@ -352,7 +379,7 @@ impl TxQueue {
         self.stopped = true;
         self.counters.stops.add(1);
         self.flush();
-        if self.busy_poll {
+        if self.policy.busy_poll {
             return Ok(());
         }
         if self.enable_completion_cb() {
@@ -367,7 +394,7 @@ impl TxQueue {
             let _ = self.kick.write(1);
             self.counters.kicks.add(1);
         }
-        if !self.delayed_cb && !self.busy_poll {
+        if !self.policy.delayed_callbacks() && !self.policy.busy_poll {
             // Before the event-index series: tx completion interrupts stay enabled (at the next completion).
             self.q.enable_cb();
         }
@@ -428,9 +455,13 @@ mod tests {
     }
 
     fn rig(size: u16) -> Rig {
+        rig_with(size, TxPolicy::default())
+    }
+
+    fn rig_with(size: u16, policy: TxPolicy) -> Rig {
         let features = Features::VERSION_1 | Features::RING_EVENT_IDX;
         let (mem, setup, mut alloc) = hand_built(1, size, features);
-        let tx = TxQueue::new(&setup, &mem, &mut alloc, 256).unwrap();
+        let tx = TxQueue::with_vq(1, &setup, &mem, &mut alloc, 256, policy).unwrap();
         let device = DeviceQueue::activate(&setup.config, mem, 0).unwrap();
         Rig { tx, device }
     }
@@ -455,11 +486,19 @@ mod tests {
         }
     }
 
+    /// A policy with the event-index series' techniques as given.
+    #[cfg(feature = "experiments")]
+    fn with(f: impl FnOnce(&mut TxTechniques)) -> TxPolicy {
+        let mut p = TxPolicy::default();
+        f(&mut p.techniques);
+        p
+    }
+
+    #[cfg(feature = "experiments")]
     #[test]
     fn delayed_callbacks_ask_for_an_interrupt_after_three_quarters_in_flight() {
         for delayed in [true, false] {
-            let mut r = rig(64);
-            r.tx.set_delayed_callbacks(delayed);
+            let mut r = rig_with(64, with(|t| t.delayed_callbacks = delayed));
             // The device's first decision after activation always notifies: take it now.
             r.device.needs_notification();
             // The queue stops full, asking for its completion interrupt.
@@ -486,10 +525,10 @@ mod tests {
         assert_eq!(r.tx.counters.ring_full, 0);
     }
 
+    #[cfg(feature = "experiments")]
     #[test]
     fn without_capacity_stop_a_frame_finds_the_ring_full() {
-        let mut r = rig(64);
-        r.tx.set_capacity_stop(false);
+        let mut r = rig_with(64, with(|t| t.capacity_stop = false));
         let sent = r.fill();
         // Every descriptor used; the next frame found the ring full and was not sent.
         assert_eq!(sent, 64);
@@ -505,11 +544,11 @@ mod tests {
         assert!(r.tx.send(&[0u8; 60], NetHdr::default()).unwrap());
     }
 
+    #[cfg(feature = "experiments")]
     #[test]
     fn bounded_reclaim_takes_at_most_a_budget_per_send() {
         for bounded in [true, false] {
-            let mut r = rig(128);
-            r.tx.set_bounded_reclaim(bounded);
+            let mut r = rig_with(128, with(|t| t.bounded_reclaim = bounded));
             for _ in 0..100 {
                 assert!(r.tx.send(&[0u8; 60], NetHdr::default()).unwrap());
             }

@@ -3,6 +3,7 @@
 //! the backend, the rx buffer layouts, offload headers, and a used ring with garbage in it.
 
 use testkit::inproc;
+use virtnet_driver::{Frames, PollMode};
 
 use std::time::{Duration, Instant};
 
@@ -41,7 +42,8 @@ fn echo_expect(p: &mut QueuePair, frames: &[Vec<u8>], expect: usize) -> Vec<Vec<
             sent += 1;
         }
         p.tx.flush();
-        p.rx.poll(64, |f| got.push(f.to_vec())).unwrap();
+        p.rx.poll(64, PollMode::Napi, Frames(|f: &[u8]| got.push(f.to_vec())))
+            .unwrap();
         let now = Instant::now();
         if got.len() >= frames.len() || now >= deadline || grace.is_some_and(|g| now >= g) {
             return got;
@@ -62,7 +64,9 @@ fn drain_rx(p: &mut QueuePair, for_ms: u64) -> usize {
     let mut n = 0;
     let deadline = Instant::now() + Duration::from_millis(for_ms);
     while Instant::now() < deadline {
-        n += p.rx.poll(256, |_| {}).unwrap();
+        n +=
+            p.rx.poll(256, PollMode::Napi, Frames(|_: &[u8]| {}))
+                .unwrap();
         p.rx.wait(2);
     }
     n
@@ -442,7 +446,8 @@ fn garbage_in_the_used_ring_breaks_that_queue_only() {
     ));
     // rx is another queue: it still works.
     assert!(!p.rx.counters.is_broken());
-    p.rx.poll(16, |_| {}).unwrap();
+    p.rx.poll(16, PollMode::Napi, Frames(|_: &[u8]| {}))
+        .unwrap();
 }
 
 #[test]
@@ -477,7 +482,8 @@ fn tagged_frames_skip_the_copy_but_never_send_stale_content() {
             sent += 1;
         }
         p.tx.flush();
-        p.rx.poll(64, |f| got.push(f.to_vec())).unwrap();
+        p.rx.poll(64, PollMode::Napi, Frames(|f: &[u8]| got.push(f.to_vec())))
+            .unwrap();
         if p.tx.is_stopped() {
             p.tx.wait_wake(5).unwrap();
         } else if got.len() < plan.len() {

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use inproc::*;
 use virtnet_backend::{BackendConfig, IoMode};
-use virtnet_driver::{CtrlMode, DriverConfig, NetDriver, RxQueue, TxQueue};
+use virtnet_driver::{CtrlMode, DriverConfig, Frames, NetDriver, PollMode, RxQueue, TxQueue};
 use vnet::ctrl::Coalesce;
 use vnet::NetHdr;
 
@@ -34,10 +34,14 @@ fn receiver(
         let mut got = Vec::new();
         while !stop.load(Relaxed) {
             let n = rx
-                .poll(64, |f| {
-                    let seq = u32::from_le_bytes([f[14], f[15], f[16], f[17]]);
-                    got.push((seq, Instant::now()));
-                })
+                .poll(
+                    64,
+                    PollMode::Napi,
+                    Frames(|f: &[u8]| {
+                        let seq = u32::from_le_bytes([f[14], f[15], f[16], f[17]]);
+                        got.push((seq, Instant::now()));
+                    }),
+                )
                 .unwrap();
             if n < 64 {
                 rx.wait(10);

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use virtnet_driver::{Frames, PollMode};
 
 use virtnet_backend::{BackendConfig, Device, IoMode};
 use virtnet_driver::frontend::Connection;
@@ -118,7 +119,8 @@ pub fn echo_round(p: &mut Pair, count: u32, len: usize) -> Vec<Vec<u8>> {
             sent += 1;
         }
         p.tx.flush();
-        p.rx.poll(64, |f| got.push(f.to_vec())).unwrap();
+        p.rx.poll(64, PollMode::Napi, Frames(|f: &[u8]| got.push(f.to_vec())))
+            .unwrap();
         if got.len() < count as usize {
             if p.tx.is_stopped() {
                 p.tx.wait_wake(10).unwrap();

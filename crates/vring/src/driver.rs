@@ -204,8 +204,10 @@ impl<T> DriverQueue<T> {
         self.fifo = on;
     }
 
-    /// Delays publishing `avail.idx` until `kick_prepare` (the behaviour Linux's event-index series removed;
-    /// kept for experiments). Off by default: every `add` publishes.
+    /// Delays publishing `avail.idx` until `kick_prepare` (the behaviour Linux's event-index
+    /// series removed), for measurements: the `experiments` feature. Off by default: every
+    /// `add` publishes.
+    #[cfg(any(test, feature = "experiments"))]
     pub fn set_publish_on_kick(&mut self, on: bool) {
         self.publish_on_kick = on;
     }

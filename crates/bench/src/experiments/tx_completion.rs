@@ -1,16 +1,16 @@
 //! Experiment 6, tx completion handling (seed 002): our driver transmits 64 B frames as fast
 //! as it can to our backend (null io), sleeping on the tx interrupt whenever the queue stops.
-//! Seed 002 changed three things in virtio_net's transmit path, each with its switch in
-//! [`virtnet_driver::TxQueue`]:
+//! Seed 002 changed three things in virtio_net's transmit path, each a field of the driver's
+//! [`virtnet_driver::TxTechniques`] (its `experiments` feature), fixed when the queue is built:
 //!
-//! - delayed callbacks (`set_delayed_callbacks`): tx interrupts are off while the queue runs,
+//! - delayed callbacks (`delayed_callbacks`): tx interrupts are off while the queue runs,
 //!   and a stopped queue asks for one once 3/4 of what is in flight has completed. Off: tx
 //!   interrupts stay enabled, re-armed at the next completion on every burst, and the loop
 //!   takes them after each burst, as the interrupt handler would;
-//! - capacity stop/wake (`set_capacity_stop`): the queue stops while a worst-case packet still
+//! - capacity stop/wake (`capacity_stop`): the queue stops while a worst-case packet still
 //!   fits. Off: a frame finds the ring full, is not sent and is retried (NETDEV_TX_BUSY), and
 //!   the queue restarts as soon as one frame fits;
-//! - bounded reclaim (`set_bounded_reclaim`): a transmit call reclaims at most a budget of
+//! - bounded reclaim (`bounded_reclaim`): a transmit call reclaims at most a budget of
 //!   completions, and only when short of room. Off: every call reclaims all of them.
 //!
 //! The modes: all on (seed 002), each one off alone, all off (the driver before seed 002).
@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use virtnet_backend::{BackendConfig, IoMode};
-use virtnet_driver::{DriverConfig, NetDriver};
+use virtnet_driver::{DriverConfig, NetDriver, TxPolicy, TxTechniques};
 use vnet::NetHdr;
 
 use super::common::{count, spread, LocalBackend};
@@ -135,12 +135,21 @@ fn one(switches: Switches, secs: f64) -> Result<Run, BenchError> {
             ..Default::default()
         },
     )?;
-    let mut d = NetDriver::connect(&b.socket, &DriverConfig::default()).map_err(engine)?;
+    let tx = TxPolicy {
+        techniques: TxTechniques {
+            delayed_callbacks: switches.delayed_callbacks,
+            capacity_stop: switches.capacity_stop,
+            bounded_reclaim: switches.bounded_reclaim,
+        },
+        ..TxPolicy::default()
+    };
+    let config = DriverConfig {
+        tx,
+        ..DriverConfig::default()
+    };
+    let mut d = NetDriver::connect(&b.socket, &config).map_err(engine)?;
     let mut pairs = d.take_pairs();
     let p = pairs.first_mut().ok_or_else(|| engine("no queue pair"))?;
-    p.tx.set_delayed_callbacks(switches.delayed_callbacks);
-    p.tx.set_capacity_stop(switches.capacity_stop);
-    p.tx.set_bounded_reclaim(switches.bounded_reclaim);
     let frame = vec![0u8; FRAME];
     let c0 = p.tx.counters.snapshot();
     let calls = || b.counter("tx", |c| c.calls);
