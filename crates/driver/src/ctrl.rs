@@ -1,5 +1,5 @@
-//! The control virtqueue, driver side (spec 5.1.6.5), as Linux's virtio_net does since 2024 (interrupt-driven, concurrent commands)
-//! it: interrupt-driven and concurrent.
+//! The control virtqueue, driver side (spec 5.1.6.5), as Linux's virtio_net does it since
+//! 2024: interrupt-driven and concurrent.
 //!
 //! - **Interrupt mode (the default).** Every command carries its own [`Completion`]. The
 //!   submitting thread adds the command, kicks, and sleeps on that completion; a reaper
@@ -19,7 +19,7 @@
 //! one fails with [`CtrlError::Broken`].
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -29,6 +29,11 @@ use vring::{Buf, DriverQueue, GuestAddress, GuestMemory};
 
 use crate::frontend::QueueSetup;
 use vnet::ctrl::{Coalesce, Command, ERR, OK};
+
+mod answer;
+
+use answer::lock;
+pub use answer::{Completion, CtrlError, Reply};
 
 /// How a submitter waits for its command's answer.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
@@ -50,41 +55,6 @@ impl std::str::FromStr for CtrlMode {
             _ => Err(format!("unknown ctrl mode {s:?} (irq or poll)")),
         }
     }
-}
-
-/// Why a command did not succeed.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum CtrlError {
-    #[error(
-        "control command {cmd:?} got no answer within {after:?}; it stays in flight until \
-         the device hands it back"
-    )]
-    Timeout { cmd: Command, after: Duration },
-    #[error(
-        "no room for control command {cmd:?} within {after:?}: every slot is held by commands \
-         the device has not answered"
-    )]
-    NoRoom { cmd: Command, after: Duration },
-    #[error("the device refused control command {cmd:?} (VIRTIO_NET_ERR)")]
-    Refused { cmd: Command },
-    #[error(
-        "the device returned control command {cmd:?} without a valid ack (ack byte {ack:#04x})"
-    )]
-    NoAck { cmd: Command, ack: u8 },
-    #[error("the control queue (virtqueue {vq}) was broken by the device: {reason}")]
-    Broken { vq: u16, reason: vring::Error },
-    #[error("the control queue is shut down")]
-    Closed,
-    #[error("control queue setup: {0}")]
-    Setup(String),
-}
-
-/// What a successful command returns.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Reply {
-    Ack,
-    /// VQ_NOTF_COAL GET's answer.
-    Coalesce(Coalesce),
 }
 
 vnet::counters! {
@@ -118,53 +88,6 @@ const ACK_AT: u64 = 24;
 /// Written into the ack byte before submission: neither OK nor ERR, so a device that hands
 /// a command back without answering it is caught.
 const ACK_POISON: u8 = 0xa5;
-
-/// One command's answer, delivered once by whoever reaps it.
-#[derive(Debug, Default)]
-pub struct Completion {
-    result: Mutex<Option<Result<Reply, CtrlError>>>,
-    cv: Condvar,
-}
-
-impl Completion {
-    fn complete(&self, r: Result<Reply, CtrlError>) {
-        let mut g = lock(&self.result);
-        *g = Some(r);
-        self.cv.notify_all();
-    }
-
-    fn try_take(&self) -> Option<Result<Reply, CtrlError>> {
-        lock(&self.result).take()
-    }
-
-    fn is_done(&self) -> bool {
-        lock(&self.result).is_some()
-    }
-
-    /// Sleeps until completed or `deadline`.
-    fn wait_until(&self, deadline: Instant) -> Option<Result<Reply, CtrlError>> {
-        let mut g = lock(&self.result);
-        loop {
-            if let Some(r) = g.take() {
-                return Some(r);
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                return None;
-            }
-            g = match self.cv.wait_timeout(g, deadline - now) {
-                Ok((g, _)) => g,
-                Err(p) => p.into_inner().0,
-            };
-        }
-    }
-}
-
-/// Locks, ignoring poisoning: the state guarded here stays consistent across a panic in
-/// another holder (every update is a single assignment).
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 struct Inflight {
     cmd: Command,

@@ -19,12 +19,12 @@ use vring::Features;
 use crate::counters::CountersSnapshot;
 use crate::ctrl::{CtrlMode, CtrlSnapshot};
 use crate::dim::{DimDispatch, DimSnapshot, RxDim, DEFAULT_PROFILE, RX_PROFILES};
-use crate::offload::udp4_frame;
-use crate::{
-    Count, DriverConfig, DriverError, Frames, NetDriver, PollMode, QueuePair, TxPolicy,
-    DEFAULT_FEATURES,
-};
-use vnet::NetHdr;
+use crate::{DriverConfig, DriverError, NetDriver, TxPolicy, DEFAULT_FEATURES};
+mod histogram;
+mod worker;
+
+pub use histogram::Histogram;
+use worker::worker;
 
 /// What each pair's thread does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -204,128 +204,6 @@ pub struct GenReport {
     /// reaper, or the polling-mode DIM worker, in seconds.
     pub ctrl_cpu_s: f64,
 }
-
-/// A log-linear latency histogram: exact below 64 ns, then 32 buckets per power of two
-/// (about 3% resolution), in nanoseconds.
-#[derive(Clone, Debug)]
-pub struct Histogram {
-    counts: Vec<u64>,
-    total: u64,
-    sum: u128,
-    min: u64,
-    max: u64,
-}
-
-const SUB_BITS: u32 = 5;
-const SUB: u64 = 1 << SUB_BITS;
-
-impl Default for Histogram {
-    fn default() -> Self {
-        Histogram {
-            counts: vec![0; (2 * SUB + 64 * SUB) as usize],
-            total: 0,
-            sum: 0,
-            min: u64::MAX,
-            max: 0,
-        }
-    }
-}
-
-impl Histogram {
-    fn index(v: u64) -> usize {
-        if v < 2 * SUB {
-            return v as usize;
-        }
-        let msb = 63 - v.leading_zeros();
-        let shift = msb - SUB_BITS;
-        let mantissa = v >> shift; // in [SUB, 2 * SUB)
-        (2 * SUB + (shift as u64 - 1) * SUB + (mantissa - SUB)) as usize
-    }
-
-    /// The middle of bucket `i`'s value range.
-    fn value(i: usize) -> f64 {
-        let i = i as u64;
-        if i < 2 * SUB {
-            return i as f64;
-        }
-        let shift = (i - 2 * SUB) / SUB + 1;
-        let mantissa = (i - 2 * SUB) % SUB + SUB;
-        let low = mantissa << shift;
-        low as f64 + ((1u64 << shift) as f64 - 1.0) / 2.0
-    }
-
-    pub fn record(&mut self, ns: u64) {
-        self.counts[Self::index(ns)] += 1;
-        self.total += 1;
-        self.sum += ns as u128;
-        self.min = self.min.min(ns);
-        self.max = self.max.max(ns);
-    }
-
-    pub fn merge(&mut self, o: &Histogram) {
-        for (a, b) in self.counts.iter_mut().zip(&o.counts) {
-            *a += b;
-        }
-        self.total += o.total;
-        self.sum += o.sum;
-        self.min = self.min.min(o.min);
-        self.max = self.max.max(o.max);
-    }
-
-    pub fn count(&self) -> u64 {
-        self.total
-    }
-
-    /// The value at quantile `q` (0..=1), in nanoseconds.
-    pub fn quantile(&self, q: f64) -> f64 {
-        if self.total == 0 {
-            return 0.0;
-        }
-        let rank = ((q * self.total as f64).ceil() as u64).clamp(1, self.total);
-        let mut seen = 0;
-        for (i, &c) in self.counts.iter().enumerate() {
-            seen += c;
-            if seen >= rank {
-                return Self::value(i).clamp(self.min as f64, self.max as f64);
-            }
-        }
-        self.max as f64
-    }
-
-    fn latency(&self) -> Latency {
-        let us = |ns: f64| ns / 1000.0;
-        Latency {
-            samples: self.total,
-            min_us: us(if self.total == 0 {
-                0.0
-            } else {
-                self.min as f64
-            }),
-            p50_us: us(self.quantile(0.5)),
-            p99_us: us(self.quantile(0.99)),
-            p999_us: us(self.quantile(0.999)),
-            max_us: us(self.max as f64),
-            mean_us: us(self.sum as f64 / self.total.max(1) as f64),
-        }
-    }
-}
-
-/// What a pair's thread hands back.
-struct WorkerResult {
-    histogram: Histogram,
-    cpu_ns: u64,
-    lost: u64,
-}
-
-/// How long an rr frame may take before it counts as lost.
-const RR_LOSS_TIMEOUT: Duration = Duration::from_millis(200);
-/// Frames per rx poll round: the ring is refilled after each round, so a round much shorter
-/// than the ring keeps the device supplied with buffers (Linux's NAPI weight is 64; DPDK
-/// refills every 32).
-const RX_BUDGET: usize = 64;
-
-/// How long a sleeping thread waits before re-checking the stop flag.
-const IDLE_WAIT_MS: i32 = 10;
 
 /// Connects, runs the traffic for `config.duration`, calling `on_second` with each
 /// one-second rate line, and returns the report.
@@ -511,141 +389,6 @@ pub fn run(config: &GenConfig, on_second: &mut dyn FnMut(&Rates)) -> Result<GenR
     })
 }
 
-/// One pair's thread.
-fn worker(
-    mut p: QueuePair,
-    cfg: &GenConfig,
-    dst: [u8; 6],
-    src: [u8; 6],
-    stop: &AtomicBool,
-    round_trips: &crate::counters::Counter,
-) -> Result<WorkerResult, DriverError> {
-    let mut histogram = Histogram::default();
-    let mut lost = 0;
-    let mode = if cfg.busy_poll {
-        PollMode::Busy
-    } else {
-        PollMode::Napi
-    };
-    let rx_poll = move |rx: &mut crate::RxQueue, budget: usize| rx.poll(budget, mode, Count);
-    let frame = udp4_frame(cfg.size, dst, src, &[]);
-    match cfg.mode {
-        Mode::TxOnly => {
-            while !stop.load(Relaxed) {
-                transmit_burst(&mut p, &frame, cfg.burst)?;
-                if p.tx.is_stopped() {
-                    wait_tx(&mut p, cfg.busy_poll)?;
-                }
-            }
-        }
-        Mode::RxOnly => {
-            while !stop.load(Relaxed) {
-                let n = rx_poll(&mut p.rx, RX_BUDGET)?;
-                if n < RX_BUDGET && !cfg.busy_poll {
-                    p.rx.wait(IDLE_WAIT_MS);
-                }
-            }
-        }
-        Mode::Io => {
-            use std::os::fd::AsRawFd;
-            while !stop.load(Relaxed) {
-                let sent = transmit_burst(&mut p, &frame, cfg.burst)?;
-                let got = rx_poll(&mut p.rx, RX_BUDGET)?;
-                if sent == 0 && got < RX_BUDGET && !cfg.busy_poll {
-                    let fds = [p.rx.call_fd().as_raw_fd(), p.tx.call_fd().as_raw_fd()];
-                    let ready = virtnet_sys::poll_readable(&fds, IDLE_WAIT_MS);
-                    if ready & 1 != 0 {
-                        p.rx.ack_interrupt();
-                    }
-                    if ready & 2 != 0 {
-                        p.tx.ack_interrupt();
-                        p.tx.reclaim(usize::MAX)?;
-                    }
-                }
-            }
-        }
-        Mode::Rr => {
-            let mut seq: u64 = 0;
-            let mut frame = frame;
-            while !stop.load(Relaxed) {
-                seq += 1;
-                frame[42..50].copy_from_slice(&seq.to_le_bytes());
-                while !p.tx.send(&frame, NetHdr::default())? {
-                    wait_tx(&mut p, cfg.busy_poll)?;
-                }
-                let sent_at = Instant::now();
-                p.tx.flush();
-                let deadline = sent_at + RR_LOSS_TIMEOUT;
-                let mut back = false;
-                while !back && !stop.load(Relaxed) {
-                    let n = p.rx.poll(
-                        64,
-                        PollMode::Napi,
-                        Frames(|f: &[u8]| {
-                            if f.len() >= 50 && f[42..50] == seq.to_le_bytes() {
-                                back = true;
-                            }
-                        }),
-                    )?;
-                    if back {
-                        histogram.record(sent_at.elapsed().as_nanos() as u64);
-                        round_trips.add(1);
-                        break;
-                    }
-                    if Instant::now() >= deadline {
-                        lost += 1;
-                        break;
-                    }
-                    if n == 0 && !cfg.busy_poll {
-                        p.rx.wait(1);
-                    }
-                }
-            }
-        }
-    }
-    // Let the device finish what it took, so our counters and the peer's agree.
-    p.tx.drain(Duration::from_secs(1))?;
-    if cfg.mode != Mode::TxOnly {
-        let idle_until = Instant::now() + Duration::from_millis(20);
-        while Instant::now() < idle_until {
-            if rx_poll(&mut p.rx, RX_BUDGET)? == 0 {
-                if cfg.busy_poll {
-                    std::thread::sleep(Duration::from_millis(1));
-                } else {
-                    p.rx.wait(2);
-                }
-            }
-        }
-    }
-    Ok(WorkerResult {
-        histogram,
-        cpu_ns: virtnet_sys::thread_cpu_ns(),
-        lost,
-    })
-}
-
-/// Sends up to `burst` copies of `frame`; returns how many went.
-fn transmit_burst(p: &mut QueuePair, frame: &[u8], burst: usize) -> Result<usize, DriverError> {
-    let mut n = 0;
-    // The frame never changes: tag it, so buffers that already hold it are not rewritten.
-    while n < burst && p.tx.send_tagged(frame, NetHdr::default(), 1)? {
-        n += 1;
-    }
-    p.tx.flush();
-    Ok(n)
-}
-
-/// Waits until the stopped tx queue has room: spinning on reclaim, or asleep on the
-/// delayed tx interrupt.
-fn wait_tx(p: &mut QueuePair, busy_poll: bool) -> Result<(), DriverError> {
-    if busy_poll {
-        p.tx.reclaim(usize::MAX)?;
-    } else {
-        p.tx.wait_wake(IDLE_WAIT_MS)?;
-    }
-    Ok(())
-}
-
 impl GenReport {
     /// The human-readable summary.
     pub fn render(&self) -> String {
@@ -737,42 +480,6 @@ impl Rates {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn histogram_buckets_are_monotonic_and_close() {
-        let mut last = 0;
-        for v in (0..100_000u64).chain([1 << 20, 123_456_789, u64::MAX / 4]) {
-            let i = Histogram::index(v);
-            assert!(
-                i >= last || v < 100_000 && i == last,
-                "index goes back at {v}"
-            );
-            last = last.max(i);
-            let mid = Histogram::value(i);
-            assert!(
-                (mid - v as f64).abs() <= v as f64 / 32.0 + 1.0,
-                "{v} -> {mid}"
-            );
-        }
-    }
-
-    #[test]
-    fn histogram_quantiles() {
-        let mut h = Histogram::default();
-        for v in 1..=1000u64 {
-            h.record(v * 1000);
-        }
-        let p50 = h.quantile(0.5);
-        assert!((p50 - 500_000.0).abs() < 500_000.0 * 0.04, "{p50}");
-        let p99 = h.quantile(0.99);
-        assert!((p99 - 990_000.0).abs() < 990_000.0 * 0.04, "{p99}");
-        assert_eq!(h.quantile(1.0), 1_000_000.0);
-        let mut g = Histogram::default();
-        g.record(5);
-        h.merge(&g);
-        assert_eq!((h.count(), h.quantile(0.0)), (1001, 5.0));
-        assert_eq!(Histogram::default().quantile(0.5), 0.0);
-    }
 
     #[test]
     fn modes_parse() {

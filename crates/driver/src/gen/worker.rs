@@ -1,0 +1,162 @@
+//! One queue pair's thread of `virtnet gen`: the loop of each mode.
+
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::time::{Duration, Instant};
+
+use vnet::NetHdr;
+
+use super::{GenConfig, Histogram, Mode};
+use crate::offload::udp4_frame;
+use crate::{Count, DriverError, Frames, PollMode, QueuePair};
+
+/// What a pair's thread hands back.
+pub(super) struct WorkerResult {
+    pub histogram: Histogram,
+    pub cpu_ns: u64,
+    pub lost: u64,
+}
+
+/// How long an rr frame may take before it counts as lost.
+const RR_LOSS_TIMEOUT: Duration = Duration::from_millis(200);
+/// Frames per rx poll round: the ring is refilled after each round, so a round much shorter
+/// than the ring keeps the device supplied with buffers (Linux's NAPI weight is 64; DPDK
+/// refills every 32).
+const RX_BUDGET: usize = 64;
+
+/// How long a sleeping thread waits before re-checking the stop flag.
+const IDLE_WAIT_MS: i32 = 10;
+
+/// One pair's thread.
+pub(super) fn worker(
+    mut p: QueuePair,
+    cfg: &GenConfig,
+    dst: [u8; 6],
+    src: [u8; 6],
+    stop: &AtomicBool,
+    round_trips: &crate::counters::Counter,
+) -> Result<WorkerResult, DriverError> {
+    let mut histogram = Histogram::default();
+    let mut lost = 0;
+    let mode = if cfg.busy_poll {
+        PollMode::Busy
+    } else {
+        PollMode::Napi
+    };
+    let rx_poll = move |rx: &mut crate::RxQueue, budget: usize| rx.poll(budget, mode, Count);
+    let frame = udp4_frame(cfg.size, dst, src, &[]);
+    match cfg.mode {
+        Mode::TxOnly => {
+            while !stop.load(Relaxed) {
+                transmit_burst(&mut p, &frame, cfg.burst)?;
+                if p.tx.is_stopped() {
+                    wait_tx(&mut p, cfg.busy_poll)?;
+                }
+            }
+        }
+        Mode::RxOnly => {
+            while !stop.load(Relaxed) {
+                let n = rx_poll(&mut p.rx, RX_BUDGET)?;
+                if n < RX_BUDGET && !cfg.busy_poll {
+                    p.rx.wait(IDLE_WAIT_MS);
+                }
+            }
+        }
+        Mode::Io => {
+            use std::os::fd::AsRawFd;
+            while !stop.load(Relaxed) {
+                let sent = transmit_burst(&mut p, &frame, cfg.burst)?;
+                let got = rx_poll(&mut p.rx, RX_BUDGET)?;
+                if sent == 0 && got < RX_BUDGET && !cfg.busy_poll {
+                    let fds = [p.rx.call_fd().as_raw_fd(), p.tx.call_fd().as_raw_fd()];
+                    let ready = virtnet_sys::poll_readable(&fds, IDLE_WAIT_MS);
+                    if ready & 1 != 0 {
+                        p.rx.ack_interrupt();
+                    }
+                    if ready & 2 != 0 {
+                        p.tx.ack_interrupt();
+                        p.tx.reclaim(usize::MAX)?;
+                    }
+                }
+            }
+        }
+        Mode::Rr => {
+            let mut seq: u64 = 0;
+            let mut frame = frame;
+            while !stop.load(Relaxed) {
+                seq += 1;
+                frame[42..50].copy_from_slice(&seq.to_le_bytes());
+                while !p.tx.send(&frame, NetHdr::default())? {
+                    wait_tx(&mut p, cfg.busy_poll)?;
+                }
+                let sent_at = Instant::now();
+                p.tx.flush();
+                let deadline = sent_at + RR_LOSS_TIMEOUT;
+                let mut back = false;
+                while !back && !stop.load(Relaxed) {
+                    let n = p.rx.poll(
+                        64,
+                        PollMode::Napi,
+                        Frames(|f: &[u8]| {
+                            if f.len() >= 50 && f[42..50] == seq.to_le_bytes() {
+                                back = true;
+                            }
+                        }),
+                    )?;
+                    if back {
+                        histogram.record(sent_at.elapsed().as_nanos() as u64);
+                        round_trips.add(1);
+                        break;
+                    }
+                    if Instant::now() >= deadline {
+                        lost += 1;
+                        break;
+                    }
+                    if n == 0 && !cfg.busy_poll {
+                        p.rx.wait(1);
+                    }
+                }
+            }
+        }
+    }
+    // Let the device finish what it took, so our counters and the peer's agree.
+    p.tx.drain(Duration::from_secs(1))?;
+    if cfg.mode != Mode::TxOnly {
+        let idle_until = Instant::now() + Duration::from_millis(20);
+        while Instant::now() < idle_until {
+            if rx_poll(&mut p.rx, RX_BUDGET)? == 0 {
+                if cfg.busy_poll {
+                    std::thread::sleep(Duration::from_millis(1));
+                } else {
+                    p.rx.wait(2);
+                }
+            }
+        }
+    }
+    Ok(WorkerResult {
+        histogram,
+        cpu_ns: virtnet_sys::thread_cpu_ns(),
+        lost,
+    })
+}
+
+/// Sends up to `burst` copies of `frame`; returns how many went.
+fn transmit_burst(p: &mut QueuePair, frame: &[u8], burst: usize) -> Result<usize, DriverError> {
+    let mut n = 0;
+    // The frame never changes: tag it, so buffers that already hold it are not rewritten.
+    while n < burst && p.tx.send_tagged(frame, NetHdr::default(), 1)? {
+        n += 1;
+    }
+    p.tx.flush();
+    Ok(n)
+}
+
+/// Waits until the stopped tx queue has room: spinning on reclaim, or asleep on the
+/// delayed tx interrupt.
+fn wait_tx(p: &mut QueuePair, busy_poll: bool) -> Result<(), DriverError> {
+    if busy_poll {
+        p.tx.reclaim(usize::MAX)?;
+    } else {
+        p.tx.wait_wake(IDLE_WAIT_MS)?;
+    }
+    Ok(())
+}
