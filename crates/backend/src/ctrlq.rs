@@ -18,7 +18,7 @@ use vring::{Chain, Error as RingError, GuestMemory, Segment};
 use super::device::Shared;
 use super::error::Error;
 use super::queue::{break_queue, install_queue, notify, retire_queue, QueueId, QueueRuntime};
-use super::thread::{Command, Inbox};
+use super::thread::{wait_events, Command, Inbox};
 use vnet::ctrl::{self, Coalesce, Command as CtrlCommand};
 
 /// Commands are a few bytes; anything longer than this is refused without reading it all.
@@ -138,11 +138,7 @@ impl CtrlWorker {
                     Err(e) => break_queue(q, &e.into()),
                 }
             }
-            let n = match self.epoll.wait(-1, &mut events) {
-                Ok(n) => n,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => 0,
-                Err(e) => return Err(Error::host("waiting in epoll")(e)),
-            };
+            let n = wait_events(&self.epoll, &mut events)?;
             for ev in &events[..n] {
                 match ev.data() {
                     EV_WAKE => {

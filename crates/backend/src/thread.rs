@@ -9,8 +9,10 @@ use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use vmm_sys_util::epoll::{Epoll, EpollEvent};
 use vmm_sys_util::eventfd::EventFd;
 
+use super::error::Error;
 use super::queue::{QueueId, QueueRuntime};
 
 /// Requests from the protocol thread to a worker.
@@ -49,6 +51,16 @@ impl Inbox {
     /// The next waiting command, if any.
     pub fn next(&self) -> Option<Command> {
         self.commands.try_recv().ok()
+    }
+}
+
+/// Sleeps in `epoll` until an event comes; returns how many are in `events`. A signal
+/// interrupting the wait is no event; any other failure is the worker's end.
+pub fn wait_events(epoll: &Epoll, events: &mut [EpollEvent]) -> Result<usize, Error> {
+    match epoll.wait(-1, events) {
+        Ok(n) => Ok(n),
+        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => Ok(0),
+        Err(e) => Err(Error::host("waiting in epoll")(e)),
     }
 }
 

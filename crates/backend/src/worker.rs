@@ -22,7 +22,7 @@ use super::host::{Host, Sent};
 use super::metrics::PollExit;
 use super::queue::{break_queue, install_queue, notify, retire_queue, QueueId, QueueRuntime};
 use super::rx::RxPath;
-use super::thread::{Command, Inbox};
+use super::thread::{wait_events, Command, Inbox};
 
 /// vhost_net's VHOST_NET_PKT_WEIGHT and VHOST_NET_WEIGHT: a queue's share of one turn.
 pub const WEIGHT_PACKETS: usize = 256;
@@ -128,11 +128,7 @@ impl<H: Host> Worker<H> {
                 continue;
             }
             self.arm_timer();
-            let n = match self.epoll.wait(-1, &mut events) {
-                Ok(n) => n,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => 0,
-                Err(e) => return Err(Error::host("waiting in epoll")(e)),
-            };
+            let n = wait_events(&self.epoll, &mut events)?;
             for ev in &events[..n] {
                 match ev.data() {
                     // A non-blocking eventfd or timerfd read fails only when nothing is

@@ -22,6 +22,7 @@ pub const DEFAULT_USED_BATCH: u16 = 64;
 /// Counters kept by a device queue. Plain integers: a queue has one owner at a time; a
 /// caller that shares them across threads copies them into its own atomics.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct DeviceStats {
     /// Chains popped.
     pub popped: u64,
