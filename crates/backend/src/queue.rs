@@ -308,6 +308,17 @@ mod tests {
     }
 
     #[test]
+    fn a_call_the_frontend_cannot_take_is_counted() {
+        let mut s = setup(QueueId::Rx(0), Features::VERSION_1);
+        post_rx(&mut s.driver, 2, 64);
+        let q = &mut s.runtime;
+        // An eventfd one short of its limit refuses the next write (EAGAIN).
+        q.call.as_ref().unwrap().write(u64::MAX - 1).unwrap();
+        assert!(use_one(q), "the call is still made and counted");
+        assert_eq!(q.counters.call_errors.get(), 1);
+    }
+
+    #[test]
     fn breaking_a_queue_reports_once_and_it_is_no_longer_usable() {
         let s = setup(QueueId::Tx(1), Features::VERSION_1);
         let q = &s.runtime;

@@ -9,8 +9,10 @@ vnet::counters! {
         /// Frames moved (tx: handed to the device; rx: received) and their bytes, header excluded.
         packets,
         bytes,
-        /// Kicks written to the device's kick eventfd.
+        /// Kicks written to the device's kick eventfd, and writes that failed (the device's fd
+        /// is full or not an eventfd): the kick is lost, so they are counted.
         kicks,
+        kick_errors,
         /// Call eventfd reads that found a notification (interrupts).
         interrupts,
         /// tx: times the queue stopped for lack of descriptors or buffers, and restarts.

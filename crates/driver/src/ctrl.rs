@@ -68,6 +68,8 @@ vnet::counters! {
         /// Answers that came after their submitter stopped waiting (timed out or gave up).
         late_completions,
         kicks,
+        /// Kick eventfd writes that failed (the device's fd is full or not an eventfd).
+        kick_errors,
         /// Call eventfd reads by the reaper that found a notification.
         interrupts,
         /// Submitters that found no free slot or descriptor and waited for one.
@@ -458,7 +460,9 @@ impl Shared {
         let kick = ring.q.kick_prepare();
         drop(ring);
         if kick {
-            let _ = self.kick.write(1);
+            if self.kick.write(1).is_err() {
+                self.counters.kick_errors.add(1);
+            }
             self.counters.kicks.add(1);
         }
         Ok(Pending {

@@ -268,7 +268,9 @@ impl RxQueue {
             added = true;
         }
         if added && self.q.kick_prepare() {
-            let _ = self.kick.write(1);
+            if self.kick.write(1).is_err() {
+                self.counters.kick_errors.add(1);
+            }
             self.counters.kicks.add(1);
         }
         Ok(())

@@ -391,11 +391,14 @@ impl TxQueue {
     /// Kicks the device if it asked for it, for the frames sent since the last flush.
     pub fn flush(&mut self) {
         if std::mem::take(&mut self.pending_kick) && self.q.kick_prepare() {
-            let _ = self.kick.write(1);
+            if self.kick.write(1).is_err() {
+                self.counters.kick_errors.add(1);
+            }
             self.counters.kicks.add(1);
         }
         if !self.policy.delayed_callbacks() && !self.policy.busy_poll {
-            // Before the event-index series: tx completion interrupts stay enabled (at the next completion).
+            // Before the event-index series: tx completion interrupts stay enabled (at the
+            // next completion).
             self.q.enable_cb();
         }
     }
@@ -511,6 +514,28 @@ mod tests {
             let expected = if delayed { sent * 3 / 4 + 1 } else { 1 };
             assert_eq!(first, Some(expected), "delayed {delayed}");
         }
+    }
+
+    #[test]
+    fn a_kick_the_device_cannot_take_is_counted() {
+        let features = Features::VERSION_1;
+        let (mem, setup, mut alloc) = hand_built(1, 64, features);
+        let mut tx = TxQueue::new(&setup, &mem, &mut alloc, 256).unwrap();
+        // An eventfd one short of its limit refuses the next write (EAGAIN).
+        setup.kick.write(u64::MAX - 1).unwrap();
+        assert!(tx.send(&[0u8; 60], NetHdr::default()).unwrap());
+        tx.flush();
+        assert_eq!(
+            (tx.counters.kicks.get(), tx.counters.kick_errors.get()),
+            (1, 1)
+        );
+        setup.kick.read().unwrap();
+        assert!(tx.send(&[0u8; 60], NetHdr::default()).unwrap());
+        tx.flush();
+        assert_eq!(
+            (tx.counters.kicks.get(), tx.counters.kick_errors.get()),
+            (2, 1)
+        );
     }
 
     #[test]
