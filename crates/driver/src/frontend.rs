@@ -493,3 +493,9 @@ impl Connection {
         Ok(data)
     }
 }
+
+/// Waits up to `timeout_ms` (negative: forever) for `fd` to become readable.
+pub fn wait_readable(fd: &EventFd, timeout_ms: i32) -> bool {
+    use std::os::fd::AsRawFd;
+    virtnet_sys::wait_readable(fd.as_raw_fd(), timeout_ms)
+}

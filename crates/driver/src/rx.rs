@@ -505,7 +505,7 @@ impl RxQueue {
     /// Blocks until the call eventfd fires or `timeout_ms` passes (negative: forever);
     /// counts the interrupt.
     pub fn wait(&mut self, timeout_ms: i32) -> bool {
-        super::wait_readable(&self.call, timeout_ms) && self.ack_interrupt()
+        crate::wait_readable(&self.call, timeout_ms) && self.ack_interrupt()
     }
 
     /// Reads the call eventfd and counts an interrupt if one was pending.

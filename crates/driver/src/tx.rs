@@ -409,7 +409,7 @@ impl TxQueue {
         if !self.stopped {
             return Ok(true);
         }
-        if super::wait_readable(&self.call, timeout_ms) {
+        if crate::wait_readable(&self.call, timeout_ms) {
             self.ack_interrupt();
         }
         self.reclaim(usize::MAX)?;
