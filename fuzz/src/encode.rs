@@ -1,5 +1,5 @@
 //! The inverse of `arbitrary`'s decoding, for the types the fuzz inputs are made of, so unit
-//! tests can write meaningful seeds (see `seeds.rs`).
+//! tests can write meaningful seeds (see `seeds/`).
 //!
 //! `arbitrary` 1.x reads integers as little-endian bytes, a `bool` as the low bit of a byte, an
 //! `Option` as a `bool` then the value, a `Vec` as (`true`, element)* then `false`, and an enum

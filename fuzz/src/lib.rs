@@ -21,8 +21,6 @@ pub mod walk;
 
 #[cfg(test)]
 mod seeds;
-#[cfg(test)]
-mod seeds_backend;
 
 use arbitrary::{Arbitrary, Unstructured};
 

@@ -10,7 +10,7 @@ use vring::{Error, Features};
 /// put a chain of 16 buffers (8 out, 8 in) into one indirect table. Spec 2.7.5.3.1 forbids a
 /// chain longer than the queue size, indirect or not, and our own device refuses the table
 /// with `IndirectTooLarge` and breaks the queue; the harness's read-back of the chain failed.
-/// Found first by the model test (tests/model.rs) and fixed in `DriverQueue::uses_indirect`
+/// Found first by the model test (tests/model/) and fixed in `DriverQueue::uses_indirect`
 /// (b164c9c); the fuzz seed `indirect_chains` hits it too, and this minimal input alone:
 ///
 /// ```text

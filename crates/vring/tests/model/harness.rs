@@ -1,190 +1,15 @@
-//! State-machine test of the ring engine (test tier 2 of docs/ARCHITECTURE.md): random interleavings of
-//! driver and device operations on one queue, run in one thread, each checked against a simple
-//! model of what a split virtqueue must do.
-//!
-//! The model is counts and FIFOs, not indices: chains added and not yet popped, chains popped
-//! and not yet used, used elements written, published and reclaimed. It checks that
-//! - every token comes back from `get_used` exactly once, in used-ring order, with the length
-//!   the device gave `add_used`, and that used elements appear exactly when the batch or a
-//!   flush publishes them;
-//! - `num_free` is the queue size minus the descriptors of the chains in flight (one per
-//!   indirect chain), and `add` fails with `QueueFull` exactly when the model says so;
-//! - the device pops the buffers the driver added, readable then writable;
-//! - no wake-up is lost on either side: a device asleep after `enable_notification` is kicked
-//!   once chains are added behind it, and a driver waiting after `enable_cb`,
-//!   `enable_cb_delayed` (3/4 of the chains then in flight) or a `get_used` that found nothing
-//!   with callbacks on, is notified by the `needs_notification` call that publishes or follows
-//!   the used entries it waits for;
-//! - in flag mode, exactly: kicks and notifications follow the flags the other side set;
-//! - no call fails other than with `QueueFull` or `EmptyChain`: a correct peer never breaks
-//!   the queue.
-//!
-//! Sleeping and waiting are states of the model: a device asleep does nothing until a kick
-//! wakes it, a waiting driver only adds and kicks until a notification wakes it. Chains have 0
-//! to 5 buffers on each side (so pure tx and rx chains, and empty ones, occur). One case in
-//! four first runs the queue close to the 16-bit index wrap, so the random operations cross it
-//! (and the device's `signalled_used` invalidation is exercised).
+//! The engines under test, a `DriverQueue` and a `DeviceQueue` on one queue, and the model
+//! they are checked against after every operation.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
-use proptest::prelude::*;
-use proptest::sample::Index;
-use proptest::test_runner::FileFailurePersistence;
 use vring::{
     Buf, Chain, DeviceQueue, DriverQueue, Error, Features, GuestAddress, GuestMemory, IndirectArea,
     QueueConfig, RingAddresses, Segment, DEFAULT_USED_BATCH,
 };
 
-const RING_BASE: GuestAddress = GuestAddress(0x1000);
-const INDIRECT_BASE: GuestAddress = GuestAddress(0x1_0000);
-const DATA_BASE: u64 = 0x2_0000;
-/// Buffers sit in 4 KiB slots of the data area.
-const DATA_SLOTS: u8 = 32;
-const MEM_SIZE: usize = 0x4_0000;
-/// The most buffers on each side of a chain.
-const MAX_BUFS: usize = 5;
-
-#[derive(Clone, Copy, Debug)]
-struct BufSpec {
-    slot: u8,
-    len: u32,
-}
-
-impl BufSpec {
-    fn buf(self) -> Buf {
-        Buf::new(GuestAddress(DATA_BASE + self.slot as u64 * 4096), self.len)
-    }
-}
-
-/// One public call on one side; `wait`/`sleep` say whether the caller blocks when the call
-/// says nothing is pending.
-#[derive(Clone, Debug)]
-enum Op {
-    // Driver.
-    Add {
-        out: Vec<BufSpec>,
-        in_: Vec<BufSpec>,
-    },
-    KickPrepare,
-    GetUsed,
-    DisableCb,
-    EnableCb {
-        wait: bool,
-    },
-    EnableCbDelayed {
-        wait: bool,
-    },
-    /// Waits relying on the callbacks left enabled, after `get_used` found nothing (what a
-    /// driver without NAPI-style polling does: `get_used` keeps moving `used_event`).
-    Wait,
-    // Device.
-    Pop,
-    AddUsed {
-        pick: Index,
-        len: u32,
-    },
-    Flush,
-    NeedsNotification,
-    EnableNotification {
-        sleep: bool,
-    },
-    DisableNotification,
-    SetUsedBatch(u16),
-}
-
-/// The queue's shape, and an optional run of round trips before the random operations.
-#[derive(Clone, Debug)]
-struct Setup {
-    size: u16,
-    event_idx: bool,
-    indirect: bool,
-    max_chain: u16,
-    /// Round trips (add, kick_prepare, pop, add_used, flush, get_used) run first.
-    prefix: u32,
-    /// In the prefix, which round trips end with `needs_notification` rather than `flush`.
-    prefix_notify: PrefixNotify,
-    /// Callbacks disabled during the prefix (the driver polls).
-    prefix_cb_disabled: bool,
-    /// The driver reuses freed descriptors oldest first (`set_fifo_reuse`).
-    fifo_reuse: bool,
-}
-
-#[derive(Clone, Copy, Debug)]
-enum PrefixNotify {
-    Every(u32),
-    /// Only round trip `k`: `signalled_used` then goes stale as the used index wraps past it.
-    Once(u32),
-    Never,
-}
-
-impl PrefixNotify {
-    fn at(self, i: u32) -> bool {
-        match self {
-            PrefixNotify::Every(n) => i.is_multiple_of(n),
-            PrefixNotify::Once(k) => i == k,
-            PrefixNotify::Never => false,
-        }
-    }
-}
-
-fn buf_spec() -> impl Strategy<Value = BufSpec> {
-    let len = prop_oneof![1 => Just(0u32), 9 => 1u32..=4096];
-    (0..DATA_SLOTS, len).prop_map(|(slot, len)| BufSpec { slot, len })
-}
-
-fn op() -> impl Strategy<Value = Op> {
-    let bufs = || prop::collection::vec(buf_spec(), 0..=MAX_BUFS);
-    prop_oneof![
-        6 => (bufs(), bufs()).prop_map(|(out, in_)| Op::Add { out, in_ }),
-        3 => Just(Op::KickPrepare),
-        4 => Just(Op::GetUsed),
-        1 => Just(Op::DisableCb),
-        1 => any::<bool>().prop_map(|wait| Op::EnableCb { wait }),
-        1 => any::<bool>().prop_map(|wait| Op::EnableCbDelayed { wait }),
-        1 => Just(Op::Wait),
-        5 => Just(Op::Pop),
-        5 => (any::<Index>(), any::<u32>()).prop_map(|(pick, len)| Op::AddUsed { pick, len }),
-        1 => Just(Op::Flush),
-        2 => Just(Op::NeedsNotification),
-        2 => any::<bool>().prop_map(|sleep| Op::EnableNotification { sleep }),
-        1 => Just(Op::DisableNotification),
-        1 => (0u16..=70).prop_map(Op::SetUsedBatch),
-    ]
-}
-
-fn setup() -> impl Strategy<Value = Setup> {
-    let prefix = prop_oneof![
-        6 => Just((0u32, PrefixNotify::Never)),
-        // Near the wrap, notifying now and then.
-        1 => (65_400u32..=65_800, 1u32..=1000)
-            .prop_map(|(n, every)| (n, PrefixNotify::Every(every))),
-        // One decision at round trip k, then the used index ends a few entries short of
-        // wrapping past it: the random operations make the device's signalled_used stale.
-        1 => (0u32..=300, 0u32..=4).prop_map(|(k, d)| (65_536 + k - d, PrefixNotify::Once(k))),
-    ];
-    (
-        0u32..=6,
-        any::<bool>(),
-        any::<bool>(),
-        2u16..=12,
-        prefix,
-        any::<bool>(),
-        any::<bool>(),
-    )
-        .prop_map(
-            |(log2, event_idx, indirect, max_chain, (prefix, notify), cb_off, fifo_reuse)| Setup {
-                size: 1 << log2,
-                event_idx,
-                indirect,
-                max_chain,
-                prefix,
-                prefix_notify: notify,
-                prefix_cb_disabled: cb_off,
-                fifo_reuse,
-            },
-        )
-}
+use crate::ops::{BufSpec, Op, Setup, DATA_BASE, INDIRECT_BASE, MEM_SIZE, RING_BASE};
 
 /// A chain as the driver added it.
 #[derive(Debug)]
@@ -195,9 +20,9 @@ struct Added {
 }
 
 /// The engines under test and the model they are checked against.
-struct Harness {
+pub struct Harness {
     s: Setup,
-    driver: DriverQueue<u64>,
+    pub driver: DriverQueue<u64>,
     device: DeviceQueue,
 
     next_token: u64,
@@ -237,7 +62,7 @@ struct Harness {
 }
 
 impl Harness {
-    fn new(s: Setup) -> Harness {
+    pub fn new(s: Setup) -> Harness {
         let mut features = Features::EMPTY;
         if s.event_idx {
             features = features | Features::RING_EVENT_IDX;
@@ -332,7 +157,7 @@ impl Harness {
         self.published.extend(self.written.drain(..));
     }
 
-    fn run(&mut self, op: &Op) {
+    pub fn run(&mut self, op: &Op) {
         match op {
             Op::Add { out, in_ } => self.add(out, in_),
             Op::KickPrepare => self.kick_prepare(),
@@ -572,7 +397,7 @@ impl Harness {
 
     /// Ends the run as a correct pair would: the driver kicks for what it added, the device
     /// completes everything and decides on a notification, the driver reclaims everything.
-    fn drain(&mut self) {
+    pub fn drain(&mut self) {
         self.run(&Op::KickPrepare);
         // Nothing is pending for a device still asleep (checked above): wake it anyway.
         self.device_asleep = false;
@@ -606,59 +431,4 @@ impl Harness {
         assert_eq!(vs.used, self.published_total);
         assert_eq!(self.added_total, self.reclaimed_total);
     }
-}
-
-proptest! {
-    // The default case count; failures are saved beside this file (the default location
-    // needs a lib.rs, which an integration test does not have).
-    #![proptest_config(ProptestConfig {
-        failure_persistence: Some(Box::new(FileFailurePersistence::WithSource("regressions"))),
-        ..ProptestConfig::default()
-    })]
-
-    #[test]
-    fn driver_and_device_agree_with_the_model(
-        s in setup(),
-        ops in prop::collection::vec(op(), 0..300),
-    ) {
-        let mut h = Harness::new(s);
-        for op in &ops {
-            h.run(op);
-        }
-        h.drain();
-    }
-}
-
-/// Found by the model: with INDIRECT_DESC the driver put chains longer than the queue size in
-/// an indirect table, which spec 2.7.5.3.1 forbids, and the device refused them
-/// (`IndirectTooLarge`), breaking the queue. Such a chain is now refused as `QueueFull`.
-#[test]
-fn indirect_chains_are_never_longer_than_the_queue() {
-    let mut h = Harness::new(Setup {
-        size: 2,
-        event_idx: false,
-        indirect: true,
-        max_chain: 8,
-        prefix: 0,
-        prefix_notify: PrefixNotify::Never,
-        prefix_cb_disabled: false,
-        fifo_reuse: false,
-    });
-    let b = BufSpec { slot: 1, len: 100 };
-    assert!(!h.driver.uses_indirect(3));
-    assert_eq!(
-        h.driver.add(&[b.buf(); 3], &[], 7),
-        Err(Error::QueueFull { needed: 3, free: 2 })
-    );
-    h.run(&Op::Add {
-        out: vec![b],
-        in_: vec![b],
-    });
-    assert_eq!(
-        h.driver.num_free(),
-        1,
-        "two buffers fit the queue: one indirect descriptor"
-    );
-    h.run(&Op::Pop);
-    h.drain();
 }

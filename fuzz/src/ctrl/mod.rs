@@ -18,10 +18,17 @@
 //! - whatever the driver does, the active pairs stay within 1..=pairs, and once the control
 //!   queue is broken the metrics say so, the error eventfd was signalled, and no later command
 //!   is processed or published; the data queues are never marked broken.
+//!
+//! [`input`] holds the input types and the command bytes they stand for, [`model`] what the
+//! spec says each command does; this file posts, processes and checks.
+
+mod input;
+mod model;
+
+pub use input::{CtrlInput, CtrlOp, CtrlSetup, Payload, KNOWN, MAX_COMMAND};
 
 use std::sync::Arc;
 
-use arbitrary::Arbitrary;
 use virtnet_backend::{ctrlq, BackendConfig, IoMode, Shared};
 use virtnet_backend::{QueueId, QueueRuntime};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
@@ -30,152 +37,8 @@ use vring::{
     QueueConfig,
 };
 
-use crate::encode::{variant, Encode};
-use crate::encode_struct;
 use crate::mem::{self, peek16, poke16, Placement, DATA, DRV_INDIRECT};
-use crate::rings::{RawDesc, Scribble};
-
-/// The device and its control queue.
-#[derive(Arbitrary, Clone, Copy, Debug, PartialEq, Eq)]
-pub struct CtrlSetup {
-    /// Queue pairs `1 + pairs % 4`.
-    pub pairs: u8,
-    /// Control queue size `1 << (size_log2 % 4)`: 1 to 8.
-    pub size_log2: u8,
-    pub event_idx: bool,
-    /// INDIRECT_DESC: chains of more than one buffer go in an indirect table.
-    pub indirect: bool,
-}
-encode_struct!(CtrlSetup {
-    pairs,
-    size_log2,
-    event_idx,
-    indirect
-});
-
-/// The device-readable bytes of a command.
-#[derive(Arbitrary, Clone, Debug, PartialEq, Eq)]
-pub enum Payload {
-    /// Command `KNOWN[which % 8]` with `data` as its data bytes, whatever their length.
-    Known { which: u8, data: Vec<u8> },
-    /// Command `KNOWN[which % 8]` with data of exactly the length it needs, from `data`
-    /// (zero-padded).
-    Exact { which: u8, data: Vec<u8> },
-    /// Any bytes.
-    Raw(Vec<u8>),
-    /// `MAX_COMMAND + 1 + extra` zero bytes: longer than the device reads.
-    Long(u8),
-}
-
-impl Encode for Payload {
-    fn encode(&self, out: &mut Vec<u8>) {
-        match self {
-            Payload::Known { which, data } => {
-                (variant(0, 4, out), which.encode(out), data.encode(out)).0
-            }
-            Payload::Exact { which, data } => {
-                (variant(1, 4, out), which.encode(out), data.encode(out)).0
-            }
-            Payload::Raw(b) => (variant(2, 4, out), b.encode(out)).0,
-            Payload::Long(n) => (variant(3, 4, out), n.encode(out)).0,
-        }
-    }
-}
-
-/// The device's command size limit (`ctrlq::MAX_COMMAND`).
-pub const MAX_COMMAND: usize = 4096;
-
-/// (class, command, data bytes) of every command the device implements (spec 5.1.6.5).
-pub const KNOWN: [(u8, u8, usize); 8] = [
-    (0, 0, 1),  // RX PROMISC
-    (0, 1, 1),  // RX ALLMULTI
-    (1, 1, 6),  // MAC ADDR_SET
-    (4, 0, 2),  // MQ VQ_PAIRS_SET
-    (6, 0, 8),  // NOTF_COAL TX_SET
-    (6, 1, 8),  // NOTF_COAL RX_SET
-    (6, 2, 12), // NOTF_COAL VQ_SET
-    (6, 3, 4),  // NOTF_COAL VQ_GET
-];
-
-impl Payload {
-    pub fn bytes(&self) -> Vec<u8> {
-        match self {
-            Payload::Known { which, data } | Payload::Exact { which, data } => {
-                let (class, command, need) = KNOWN[*which as usize % KNOWN.len()];
-                let mut b = vec![class, command];
-                b.extend(data);
-                if matches!(self, Payload::Exact { .. }) {
-                    b.resize(2 + need, 0);
-                }
-                b
-            }
-            Payload::Raw(b) => b.clone(),
-            Payload::Long(n) => vec![0; MAX_COMMAND + 1 + *n as usize],
-        }
-    }
-}
-
-/// One step.
-#[derive(Arbitrary, Clone, Debug, PartialEq, Eq)]
-pub enum CtrlOp {
-    /// The driver posts a command: its bytes cut into readable buffers of the lengths in
-    /// `cuts` (the rest in one last buffer), then writable buffers of the lengths in
-    /// `writable`, and kicks.
-    Post {
-        payload: Payload,
-        cuts: Vec<u8>,
-        writable: Vec<u8>,
-    },
-    /// The device handles every pending command (the control thread woken by the kick).
-    Process,
-
-    // ---- The hostile driver: after any of these the model no longer applies.
-    /// Descriptor `index % size` of the table.
-    WriteDesc {
-        index: u16,
-        desc: RawDesc,
-    },
-    /// Puts `heads` on the avail ring from the current `avail.idx` and moves it past them.
-    Publish(Vec<u16>),
-    SetAvailIdx(u16),
-    /// Raw bytes anywhere in region 0: rings, tables, buffers.
-    Scribble(Scribble),
-}
-
-impl Encode for CtrlOp {
-    fn encode(&self, out: &mut Vec<u8>) {
-        const N: u32 = 6;
-        match self {
-            CtrlOp::Post {
-                payload,
-                cuts,
-                writable,
-            } => {
-                variant(0, N, out);
-                payload.encode(out);
-                cuts.encode(out);
-                writable.encode(out);
-            }
-            CtrlOp::Process => variant(1, N, out),
-            CtrlOp::WriteDesc { index, desc } => {
-                variant(2, N, out);
-                index.encode(out);
-                desc.encode(out);
-            }
-            CtrlOp::Publish(heads) => (variant(3, N, out), heads.encode(out)).1,
-            CtrlOp::SetAvailIdx(v) => (variant(4, N, out), v.encode(out)).1,
-            CtrlOp::Scribble(s) => (variant(5, N, out), s.encode(out)).1,
-        }
-    }
-}
-
-/// A whole `ctrl_queue` input.
-#[derive(Arbitrary, Clone, Debug, PartialEq, Eq)]
-pub struct CtrlInput {
-    pub setup: CtrlSetup,
-    pub ops: Vec<CtrlOp>,
-}
-encode_struct!(CtrlInput { setup, ops });
+use model::Model;
 
 /// What a run did, for the seed tests.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -192,125 +55,6 @@ const SLOT: u64 = 8192;
 /// Buffers a chain may have: the driver's indirect tables hold this many.
 const MAX_CHAIN: u16 = 16;
 const UNTOUCHED: u8 = 0xee;
-
-/// What the model says the device does with one command.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Answer {
-    ok: bool,
-    reply: Option<[u8; 8]>,
-}
-
-/// The device state as the spec says the commands leave it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-struct Model {
-    pairs: u16,
-    active_pairs: u16,
-    promisc: bool,
-    allmulti: bool,
-    mac: [u8; 6],
-    /// (max_packets, max_usecs) per data queue.
-    coalesce: Vec<(u32, u32)>,
-}
-
-impl Model {
-    fn new(config: &BackendConfig) -> Model {
-        Model {
-            pairs: config.pairs,
-            active_pairs: config.pairs,
-            promisc: true,
-            allmulti: false,
-            mac: config.mac,
-            coalesce: vec![(0, 0); 2 * config.pairs as usize],
-        }
-    }
-
-    fn of(shared: &Shared) -> Model {
-        let data_queues = 2 * shared.config.pairs as usize;
-        Model {
-            pairs: shared.config.pairs,
-            active_pairs: shared
-                .active_pairs
-                .load(std::sync::atomic::Ordering::Relaxed),
-            promisc: shared.promisc.load(std::sync::atomic::Ordering::Relaxed),
-            allmulti: shared.allmulti.load(std::sync::atomic::Ordering::Relaxed),
-            mac: shared.mac(),
-            coalesce: shared.tunables[..data_queues]
-                .iter()
-                .map(|m| (m.coalesce().max_packets, m.coalesce().max_usecs))
-                .collect(),
-        }
-    }
-
-    /// Applies a command with `writable` device-writable bytes; `None`: no ack at all.
-    fn apply(&mut self, cmd: &[u8], writable: u64) -> Option<Answer> {
-        if writable == 0 {
-            return None;
-        }
-        const ERR: Answer = Answer {
-            ok: false,
-            reply: None,
-        };
-        const OK: Answer = Answer {
-            ok: true,
-            reply: None,
-        };
-        if cmd.len() > MAX_COMMAND || cmd.len() < 2 {
-            return Some(ERR);
-        }
-        let (class, command, data) = (cmd[0], cmd[1], &cmd[2..]);
-        let Some(&(_, _, need)) = KNOWN.iter().find(|k| (k.0, k.1) == (class, command)) else {
-            return Some(ERR);
-        };
-        if data.len() != need {
-            return Some(ERR);
-        }
-        let u16_at = |i: usize| u16::from_le_bytes([data[i], data[i + 1]]);
-        let u32_at =
-            |i: usize| u32::from_le_bytes([data[i], data[i + 1], data[i + 2], data[i + 3]]);
-        let data_queues = 2 * self.pairs as usize;
-        match (class, command) {
-            (0, 0) => self.promisc = data[0] != 0,
-            (0, 1) => self.allmulti = data[0] != 0,
-            (1, 1) => self.mac.copy_from_slice(data),
-            (4, 0) => {
-                let n = u16_at(0);
-                if n == 0 || n > self.pairs {
-                    return Some(ERR);
-                }
-                self.active_pairs = n;
-            }
-            (6, 0) | (6, 1) => {
-                let first = if command == 0 { 1 } else { 0 };
-                for q in (first..data_queues).step_by(2) {
-                    self.coalesce[q] = (u32_at(0), u32_at(4));
-                }
-            }
-            (6, 2) => {
-                let vqn = u16_at(0) as usize;
-                if vqn >= data_queues {
-                    return Some(ERR);
-                }
-                self.coalesce[vqn] = (u32_at(4), u32_at(8));
-            }
-            (6, 3) => {
-                let vqn = u16_at(0) as usize;
-                if writable < 9 || vqn >= data_queues {
-                    return Some(ERR);
-                }
-                let (p, u) = self.coalesce[vqn];
-                let mut reply = [0u8; 8];
-                reply[..4].copy_from_slice(&p.to_le_bytes());
-                reply[4..].copy_from_slice(&u.to_le_bytes());
-                return Some(Answer {
-                    ok: true,
-                    reply: Some(reply),
-                });
-            }
-            _ => unreachable!("KNOWN lists only these"),
-        }
-        Some(OK)
-    }
-}
 
 /// A chain the driver posted and the device has not answered yet.
 #[derive(Debug)]

@@ -1,0 +1,258 @@
+//! The `vhost_user` target: the backend's vhost-user protocol handler (rust-vmm `vhost`'s
+//! message layer dispatching to `virtnet_backend::vhost::Connection`) facing a hostile
+//! frontend, through a real unix socket pair and the same per-request loop as the backend's
+//! accept loop (`virtnet_backend::Session::serve_one`).
+//!
+//! The input is a list of messages: a request code (one of those the spec defines, most of the
+//! time), header flags, a body built field by field (memory tables, ring addresses, ring
+//! states, config ranges) or raw, a header size that usually matches the body and sometimes
+//! does not, and the file descriptors a real frontend attaches (memfds for memory tables,
+//! eventfds for kick/call/err, a socket for the backend channel) or others. Each message goes
+//! out in one `sendmsg`, then the backend handles one request. An optional tail of raw bytes
+//! ends the stream (a truncated or garbage message before the frontend hangs up). The
+//! harness checks:
+//!
+//! - nothing panics and nothing hangs (libFuzzer's `-timeout`);
+//! - every reply the backend sends is a well-formed reply to the request just sent, at most
+//!   one per request;
+//! - the device state stays in bounds (active pairs in 1..=pairs);
+//! - if the connection is still open after the messages, it answers a fresh GET_FEATURES
+//!   with the device's features; once it closes, the frontend sees the socket closed, and a
+//!   new connection to the same device answers GET_FEATURES correctly (the workers survived
+//!   the stop of every queue).
+//!
+//! [`protocol`] holds the vhost-user numbers the harness writes and checks, [`input`] the input
+//! types and the bytes each message becomes; this file sends them and checks what comes back.
+
+mod input;
+mod protocol;
+
+pub use input::{
+    Body, Fds, Flags, Message, Region, Request, Size, UserAddr, VhostInput, MEMFD_PAGES,
+};
+pub use protocol::{
+    code, HEADER_LEN, MAX_BODY, NEED_REPLY, NOFD, PROTOCOL_FEATURES_BIT, REPLY, VERSION_1,
+};
+
+use std::io::{Read, Write};
+use std::net::Shutdown;
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::sync::Arc;
+
+use virtnet_backend::{BackendConfig, Device, IoMode, Session};
+use vmm_sys_util::eventfd::EventFd;
+use vmm_sys_util::sock_ctrl_msg::ScmSocket;
+use vring::{GuestAddress, GuestMemory};
+
+use input::{wire, PAGE};
+
+/// What a run did, for the seed tests.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Outcome {
+    /// Messages the backend handled before the connection closed (all of them if it did not).
+    pub handled: usize,
+    pub closed: bool,
+    /// Replies received, by request code.
+    pub replies: Vec<u32>,
+}
+
+/// Whatever is attached to one message; dropped once sent (the backend has its own copies).
+enum Attached {
+    Memfd(GuestMemory),
+    Eventfd(EventFd),
+    Socket(UnixStream),
+}
+
+impl Attached {
+    fn memfd() -> Attached {
+        let size = MEMFD_PAGES as usize * PAGE as usize;
+        Attached::Memfd(GuestMemory::memfd(&[(GuestAddress(0), size)]).expect("memfd"))
+    }
+    fn raw_fd(&self) -> RawFd {
+        match self {
+            Attached::Memfd(m) => m.regions().next().unwrap().file.unwrap().as_raw_fd(),
+            Attached::Eventfd(e) => e.as_raw_fd(),
+            Attached::Socket(s) => s.as_raw_fd(),
+        }
+    }
+}
+
+fn attachments(m: &Message) -> Vec<Attached> {
+    let eventfd = || Attached::Eventfd(EventFd::new(0).expect("eventfd"));
+    match m.fds {
+        Fds::None => Vec::new(),
+        Fds::Eventfd => vec![eventfd()],
+        Fds::Memfds(n) => (0..n % 4).map(|_| Attached::memfd()).collect(),
+        Fds::Auto => match (m.request.code(), &m.body) {
+            (code::SET_MEM_TABLE, Body::MemTable(r)) => {
+                r.iter().take(8).map(|_| Attached::memfd()).collect()
+            }
+            (code::SET_VRING_KICK | code::SET_VRING_CALL | code::SET_VRING_ERR, b) => match b {
+                Body::U64(v) if v & NOFD != 0 => Vec::new(),
+                _ => vec![eventfd()],
+            },
+            (
+                code::SET_LOG_BASE
+                | code::SET_LOG_FD
+                | code::SET_INFLIGHT_FD
+                | code::ADD_MEM_REG
+                | code::SET_DEVICE_STATE_FD,
+                _,
+            ) => vec![Attached::memfd()],
+            (code::SET_BACKEND_REQ_FD, _) => {
+                vec![Attached::Socket(UnixStream::pair().expect("socketpair").0)]
+            }
+            _ => Vec::new(),
+        },
+    }
+}
+
+/// A connection of the backend: the frontend's socket end and the backend's session.
+struct Conn {
+    frontend: UnixStream,
+    session: Session,
+}
+
+impl Conn {
+    fn open(device: &Arc<Device>) -> Conn {
+        let (frontend, backend_end) = UnixStream::pair().expect("socketpair");
+        frontend.set_nonblocking(true).unwrap();
+        let session = Session::new(device, backend_end).expect("session");
+        Conn { frontend, session }
+    }
+
+    /// One request, as `serve_connection` handles it; false: the connection closed.
+    fn serve(&mut self) -> bool {
+        self.session.serve_one()
+    }
+
+    /// What `serve_connection` does when its loop ends.
+    fn close(&mut self) {
+        self.session.close();
+    }
+
+    /// Everything the backend sent so far; `true` when it has closed its end, too.
+    fn received(&mut self) -> (Vec<u8>, bool) {
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4096];
+        loop {
+            match self.frontend.read(&mut buf) {
+                // A close with our bytes still unread reaches us as a reset.
+                Ok(0) => return (got, true),
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return (got, true),
+                Ok(n) => got.extend(&buf[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return (got, false),
+                Err(e) => panic!("reading replies: {e}"),
+            }
+        }
+    }
+}
+
+/// Splits what the backend sent after request `code` into replies, checking each.
+fn check_replies(bytes: &[u8], code: u32, replies: &mut Vec<u32>) {
+    let mut rest = bytes;
+    let mut n = 0;
+    while !rest.is_empty() {
+        assert!(
+            rest.len() >= HEADER_LEN,
+            "truncated reply header: {rest:02x?}"
+        );
+        let word = |i: usize| u32::from_le_bytes(rest[i..i + 4].try_into().unwrap());
+        let (req, flags, size) = (word(0), word(4), word(8) as usize);
+        assert_eq!(req, code, "a reply to another request");
+        assert_eq!(flags, VERSION_1 | REPLY, "reply flags");
+        assert!(size <= MAX_BODY, "reply body of {size} bytes");
+        assert!(rest.len() >= HEADER_LEN + size, "truncated reply body");
+        rest = &rest[HEADER_LEN + size..];
+        replies.push(req);
+        n += 1;
+    }
+    assert!(n <= 1, "{n} replies to one request {code}");
+}
+
+/// GET_FEATURES on an open connection must answer the device's features.
+fn assert_answers_get_features(c: &mut Conn, device: &Device) {
+    let m = Message {
+        request: Request::of(code::GET_FEATURES),
+        flags: Flags::Plain,
+        body: Body::Empty,
+        size: Size::Body,
+        fds: Fds::None,
+    };
+    c.frontend.write_all(&wire(&m)).unwrap();
+    assert!(c.serve(), "GET_FEATURES closed the connection");
+    let (got, _) = c.received();
+    let want = device.offered_features().0 | PROTOCOL_FEATURES_BIT;
+    let mut reply = Vec::new();
+    reply.extend(code::GET_FEATURES.to_le_bytes());
+    reply.extend((VERSION_1 | REPLY).to_le_bytes());
+    reply.extend(8u32.to_le_bytes());
+    reply.extend(want.to_le_bytes());
+    assert_eq!(got, reply, "GET_FEATURES reply");
+}
+
+fn check_bounds(device: &Device) {
+    let r = device.device_report();
+    assert!(
+        (1..=r.pairs).contains(&r.active_pairs),
+        "{} active pairs of {}",
+        r.active_pairs,
+        r.pairs
+    );
+}
+
+/// The `vhost_user` fuzz target's body.
+pub fn run(input: &VhostInput) -> Outcome {
+    let device = Device::new(BackendConfig {
+        pairs: 1 + (input.pairs % 2) as u16,
+        io: IoMode::Null { size: 64 },
+        ..BackendConfig::default()
+    })
+    .expect("device");
+    let mut out = Outcome::default();
+    let mut c = Conn::open(&device);
+    for m in &input.messages {
+        let bytes = wire(m);
+        let attached = attachments(m);
+        let fds: Vec<RawFd> = attached.iter().map(Attached::raw_fd).collect();
+        // The socket buffer holds far more than one message and its reply.
+        let sent = c.frontend.send_with_fds(&[&bytes[..]], &fds).expect("send");
+        assert_eq!(sent, bytes.len());
+        drop(attached);
+        let open = c.serve();
+        let (got, eof) = c.received();
+        check_replies(&got, m.request.code(), &mut out.replies);
+        check_bounds(&device);
+        if !open {
+            out.closed = true;
+            assert!(
+                eof || c.received().1,
+                "the backend closed without closing its end"
+            );
+            break;
+        }
+        out.handled += 1;
+    }
+    if !out.closed {
+        match &input.tail {
+            None => assert_answers_get_features(&mut c, &device),
+            Some(tail) => {
+                c.frontend.set_nonblocking(false).unwrap();
+                c.frontend.write_all(tail).unwrap();
+                c.frontend.shutdown(Shutdown::Write).unwrap();
+                c.frontend.set_nonblocking(true).unwrap();
+                // Each request consumes bytes; at the end of the stream it closes.
+                while c.serve() {}
+                out.closed = true;
+            }
+        }
+    }
+    c.close();
+    check_bounds(&device);
+    // The next frontend finds the device serving.
+    let mut next = Conn::open(&device);
+    assert_answers_get_features(&mut next, &device);
+    next.close();
+    out
+}
