@@ -63,9 +63,9 @@ fn write_at(
 
 /// Handles every command pending on the control queue `q`; returns how many. Each gets its
 /// ack at once; a chain the ring engine refuses breaks the queue (and nothing more is done on
-/// it until the frontend restarts it). The control thread calls this on every wake-up; it is
-/// public so that the control-queue fuzz target can drive the device without the thread.
-pub fn process_commands(shared: &Shared, q: &mut QueueRuntime, chain: &mut Chain) -> usize {
+/// it until the frontend restarts it). The control thread calls this on every wake-up; the
+/// control-queue fuzz target calls it without the thread (`fuzzing::process_commands`).
+pub(crate) fn process_commands(shared: &Shared, q: &mut QueueRuntime, chain: &mut Chain) -> usize {
     if !q.usable() {
         return 0;
     }

@@ -148,9 +148,9 @@ fn check_pairs(pairs: u16) -> io::Result<()> {
 impl Shared {
     /// The state of a device with `config.pairs` pairs (1..=128), every pair active and the
     /// default receive filter; `taps` holds one control handle per pair, or none without a
-    /// TAP. [`Device::new`] builds it; the control-queue fuzz target builds one alone, to
-    /// drive [`ctrlq::process_commands`] without the worker threads.
-    pub fn new(config: BackendConfig, taps: Vec<TapQueue>) -> io::Result<Shared> {
+    /// TAP. [`Device::new`] builds it; the control-queue fuzz target builds one alone
+    /// (`fuzzing::shared`), to drive the control queue without the worker threads.
+    pub(crate) fn new(config: BackendConfig, taps: Vec<TapQueue>) -> io::Result<Shared> {
         check_pairs(config.pairs)?;
         let queues = || QueueId::all(config.pairs);
         let counters = queues().map(|_| Arc::default()).collect();

@@ -13,6 +13,10 @@
 //!   notifications and coalescing;
 //! - [`metrics`]: per-queue counters, JSON and Prometheus; [`ctl`]: the control socket of
 //!   `virtnet ctl`, and /metrics; [`error`]: why a queue broke.
+//!
+//! With the `fuzzing` cargo feature, which only fuzz/ enables, the `fuzzing` module makes
+//! public what the fuzz targets drive directly: the device state alone, a queue runtime, the
+//! control queue's command loop, and a session served one request at a time.
 
 #![forbid(unsafe_code)]
 
@@ -20,6 +24,8 @@ pub mod ctl;
 pub mod ctrlq;
 pub mod device;
 pub mod error;
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
 pub mod host;
 pub mod metrics;
 pub mod queue;

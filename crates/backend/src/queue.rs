@@ -36,7 +36,9 @@ pub struct QueueRuntime {
 }
 
 impl QueueRuntime {
-    pub fn new(
+    /// A queue the vhost-user layer starts (the control-queue fuzz target builds one through
+    /// `fuzzing::queue_runtime`).
+    pub(crate) fn new(
         id: QueueId,
         queue: DeviceQueue,
         kick: EventFd,

@@ -47,7 +47,7 @@ impl std::fmt::Debug for Session {
 
 impl Session {
     /// A fresh connection: the device is reset to its defaults.
-    pub fn new(device: &Arc<Device>, stream: UnixStream) -> io::Result<Session> {
+    pub(crate) fn new(device: &Arc<Device>, stream: UnixStream) -> io::Result<Session> {
         device.reset();
         let conn = Arc::new(Mutex::new(vhost::Connection::new(device.clone())));
         Ok(Session {
@@ -60,9 +60,9 @@ impl Session {
     }
 
     /// Handles one request; returns false once the connection has closed (its queues are
-    /// stopped then). Public so that the vhost-user fuzz target steps through the same loop,
-    /// message by message.
-    pub fn serve_one(&mut self) -> bool {
+    /// stopped then). The vhost-user fuzz target steps through the same loop, message by
+    /// message (`fuzzing::serve_one`).
+    pub(crate) fn serve_one(&mut self) -> bool {
         let Some(handler) = self.handler.as_mut() else {
             return false;
         };
@@ -104,7 +104,7 @@ impl Session {
     }
 
     /// Closes the connection and stops its queues (what happens when the frontend goes away).
-    pub fn close(&mut self) {
+    pub(crate) fn close(&mut self) {
         if self.handler.take().is_some() {
             // Our clone of the socket would keep it open: the frontend must see the close.
             let _ = self.stream.shutdown(std::net::Shutdown::Both);

@@ -1,5 +1,5 @@
 //! The `ctrl_queue` target: the backend's control-queue device
-//! (`virtnet_backend::ctrlq::process_commands`, spec 5.1.6.5) facing a careless or hostile
+//! (`virtnet_backend::fuzzing::process_commands`, spec 5.1.6.5) facing a careless or hostile
 //! driver, without the control thread.
 //!
 //! The driver posts commands through a `DriverQueue`: known commands with data of any length,
@@ -29,7 +29,7 @@ pub use input::{CtrlInput, CtrlOp, CtrlSetup, Payload, KNOWN, MAX_COMMAND};
 
 use std::sync::Arc;
 
-use virtnet_backend::{ctrlq, BackendConfig, IoMode, Shared};
+use virtnet_backend::{fuzzing, BackendConfig, IoMode, Shared};
 use virtnet_backend::{QueueId, QueueRuntime};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use vring::{
@@ -89,7 +89,7 @@ pub fn run(input: &CtrlInput) -> Outcome {
         ..BackendConfig::default()
     };
     let mut model = Model::new(&config);
-    let shared = Shared::new(config, Vec::new()).expect("device state");
+    let shared = fuzzing::shared(config).expect("device state");
     let size = 1u16 << (s.size_log2 % 4);
     let mut features = Features::EMPTY;
     if s.event_idx {
@@ -110,7 +110,7 @@ pub fn run(input: &CtrlInput) -> Outcome {
     let device = DeviceQueue::activate(&qconfig, memory.clone(), 0).expect("device queue");
     let kick = EventFd::new(EFD_NONBLOCK).unwrap();
     let err = EventFd::new(EFD_NONBLOCK).unwrap();
-    let mut rt = QueueRuntime::new(
+    let mut rt = fuzzing::queue_runtime(
         QueueId::Ctrl,
         device,
         kick,
@@ -186,7 +186,7 @@ pub fn run(input: &CtrlInput) -> Outcome {
                 let used_before = peek16(&memory, rings.used.0 + 2);
                 let was_broken = rt.queue.broken().is_some();
                 let state_before = Model::of(&shared);
-                let n = ctrlq::process_commands(&shared, &mut rt, &mut chain);
+                let n = fuzzing::process_commands(&shared, &mut rt, &mut chain);
                 if was_broken {
                     assert_eq!(n, 0, "a broken control queue processed commands");
                     assert_eq!(

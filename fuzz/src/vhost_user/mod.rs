@@ -1,7 +1,7 @@
 //! The `vhost_user` target: the backend's vhost-user protocol handler (rust-vmm `vhost`'s
 //! message layer dispatching to `virtnet_backend::vhost::Connection`) facing a hostile
 //! frontend, through a real unix socket pair and the same per-request loop as the backend's
-//! accept loop (`virtnet_backend::Session::serve_one`).
+//! accept loop (`virtnet_backend::fuzzing::serve_one`).
 //!
 //! The input is a list of messages: a request code (one of those the spec defines, most of the
 //! time), header flags, a body built field by field (memory tables, ring addresses, ring
@@ -40,7 +40,7 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 
-use virtnet_backend::{BackendConfig, Device, IoMode, Session};
+use virtnet_backend::{fuzzing, BackendConfig, Device, IoMode, Session};
 use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 use vring::{GuestAddress, GuestMemory};
@@ -118,18 +118,18 @@ impl Conn {
     fn open(device: &Arc<Device>) -> Conn {
         let (frontend, backend_end) = UnixStream::pair().expect("socketpair");
         frontend.set_nonblocking(true).unwrap();
-        let session = Session::new(device, backend_end).expect("session");
+        let session = fuzzing::open_session(device, backend_end).expect("session");
         Conn { frontend, session }
     }
 
     /// One request, as `serve_connection` handles it; false: the connection closed.
     fn serve(&mut self) -> bool {
-        self.session.serve_one()
+        fuzzing::serve_one(&mut self.session)
     }
 
     /// What `serve_connection` does when its loop ends.
     fn close(&mut self) {
-        self.session.close();
+        fuzzing::close_session(&mut self.session);
     }
 
     /// Everything the backend sent so far; `true` when it has closed its end, too.

@@ -1,0 +1,54 @@
+//! The fuzz targets' way in, compiled only with the `fuzzing` feature (which only fuzz/
+//! enables): the parts of the device that `ctrl_queue` and `vhost_user` drive directly, without
+//! the control thread or the accept loop. The shipped crate keeps each of them crate-private;
+//! these wrappers add nothing to them.
+
+use std::io;
+use std::os::unix::net::UnixStream;
+use std::sync::Arc;
+
+use vmm_sys_util::eventfd::EventFd;
+use vring::{Chain, DeviceQueue};
+
+use crate::device::{BackendConfig, Device, Shared};
+use crate::metrics::{QueueCounters, QueueTunables};
+use crate::queue::{QueueId, QueueRuntime};
+use crate::session::Session;
+
+/// The device state of `config` alone: no TAP, no worker threads.
+pub fn shared(config: BackendConfig) -> io::Result<Shared> {
+    Shared::new(config, Vec::new())
+}
+
+/// A running queue, as the vhost-user layer hands one to a worker when the queue starts.
+pub fn queue_runtime(
+    id: QueueId,
+    queue: DeviceQueue,
+    kick: EventFd,
+    call: Option<EventFd>,
+    err: Option<EventFd>,
+    counters: Arc<QueueCounters>,
+    tunables: Arc<QueueTunables>,
+) -> QueueRuntime {
+    QueueRuntime::new(id, queue, kick, call, err, counters, tunables)
+}
+
+/// One wake-up of the control thread: every command pending on `q`, handled; how many.
+pub fn process_commands(shared: &Shared, q: &mut QueueRuntime, chain: &mut Chain) -> usize {
+    crate::ctrlq::process_commands(shared, q, chain)
+}
+
+/// A session on `stream`, as the accept loop opens one per frontend (the device is reset).
+pub fn open_session(device: &Arc<Device>, stream: UnixStream) -> io::Result<Session> {
+    Session::new(device, stream)
+}
+
+/// One request of the session's loop; false once the connection has closed.
+pub fn serve_one(session: &mut Session) -> bool {
+    session.serve_one()
+}
+
+/// What the accept loop does when a connection's loop ends: close it, stop its queues.
+pub fn close_session(session: &mut Session) {
+    session.close()
+}
