@@ -170,3 +170,72 @@ pub fn serve(device: Arc<Device>, listener: UnixListener, stop: Arc<AtomicBool>)
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use std::io::{ErrorKind, Read, Write};
+    use std::time::Duration;
+
+    use ::vhost::vhost_user::message::{FrontendReq, VhostUserHeaderFlag, VhostUserVirtioFeatures};
+    use vnet::vhost_wire::{self, HDR_LEN, VERSION_1};
+
+    use super::*;
+    use crate::queue::QueueId;
+    use crate::testing::{null_device, Frontend};
+
+    /// Sends GET_FEATURES on `frontend`, serves it, and returns the features answered.
+    fn get_features(session: &mut Session, mut frontend: &UnixStream) -> u64 {
+        let request = vhost_wire::encode(FrontendReq::GET_FEATURES, VERSION_1, &[]);
+        frontend.write_all(&request).unwrap();
+        assert!(session.serve_one(), "GET_FEATURES closed the connection");
+        let mut reply = [0u8; HDR_LEN + 8];
+        frontend.read_exact(&mut reply).unwrap();
+        let (code, flags, size) = vhost_wire::decode_header(reply[..HDR_LEN].try_into().unwrap());
+        assert_eq!(code, u32::from(FrontendReq::GET_FEATURES));
+        assert_eq!(flags, VERSION_1 | VhostUserHeaderFlag::REPLY.bits());
+        assert_eq!(size, 8);
+        u64::from_le_bytes(reply[HDR_LEN..].try_into().unwrap())
+    }
+
+    #[test]
+    fn a_frontend_sending_garbage_is_closed_and_the_device_serves_the_next() {
+        let device = null_device();
+        let features =
+            device.offered_features().0 | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits();
+        let tx0 = QueueId::Tx(0);
+
+        let (mut frontend, backend_end) = UnixStream::pair().unwrap();
+        frontend
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        let mut session = Session::new(&device, backend_end).unwrap();
+        assert_eq!(get_features(&mut session, &frontend), features);
+        // A queue running for this connection (set up on its protocol state directly).
+        let front = Frontend::new();
+        let mut tx = front.start_tx0(&mut session.conn.lock().unwrap());
+        assert_eq!(tx.send(1), (1, 0));
+
+        // A header no frontend sends: an unknown code, reserved flags, a body too large.
+        frontend.write_all(&[0xff; HDR_LEN]).unwrap();
+        assert!(!session.serve_one(), "garbage left the connection open");
+        assert!(!session.serve_one(), "a closed session served again");
+        // The frontend sees its connection closed, and the queue was stopped with it.
+        let mut byte = [0u8; 1];
+        match frontend.read(&mut byte) {
+            Ok(0) => {}
+            Err(e) if e.kind() == ErrorKind::ConnectionReset => {}
+            other => panic!("the connection is still open: {other:?}"),
+        }
+        assert_eq!(device.worker(tx0).stop(tx0), None, "tx0 still runs");
+        drop(session);
+
+        // The next frontend is served: its requests answered, its queue run.
+        let (frontend, backend_end) = UnixStream::pair().unwrap();
+        let mut next = Session::new(&device, backend_end).unwrap();
+        assert_eq!(get_features(&mut next, &frontend), features);
+        let front = Frontend::new();
+        let mut tx = front.start_tx0(&mut next.conn.lock().unwrap());
+        assert_eq!(tx.send(2), (2, 0));
+        assert_eq!(device.counters(tx0.index(1)).packets.get(), 2);
+    }
+}

@@ -506,3 +506,189 @@ impl VhostUserBackendReqHandlerMut for Connection {
         Err(invalid("no dirty logging"))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering::Relaxed;
+
+    use vhost::vhost_user::message::VhostUserConfigFlags;
+    use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+    use super::*;
+    use crate::testing::{eventfd_file, null_device, Frontend, TX0};
+
+    /// A connection to a fresh device, and the frontend's memory.
+    struct Setup {
+        front: Frontend,
+        device: Arc<Device>,
+        conn: Connection,
+    }
+
+    fn setup() -> Setup {
+        let device = null_device();
+        Setup {
+            front: Frontend::new(),
+            conn: Connection::new(device.clone()),
+            device,
+        }
+    }
+
+    #[test]
+    fn features_with_bits_not_offered_are_refused() {
+        let mut s = setup();
+        let offered = s.conn.get_features().unwrap();
+        let stray = 1u64 << (!offered).trailing_zeros();
+        assert!(matches!(
+            s.conn.set_features(offered | stray),
+            Err(VuError::InvalidParam)
+        ));
+        assert!(!s.conn.features_set);
+        assert_eq!(s.device.shared().features.load(Relaxed), 0);
+        // What was offered is taken.
+        s.conn.set_features(Features::VERSION_1.0).unwrap();
+        assert_eq!(s.conn.acked_features, Features::VERSION_1);
+        assert_eq!(
+            s.device.shared().features.load(Relaxed),
+            Features::VERSION_1.0
+        );
+    }
+
+    #[test]
+    fn set_vring_num_refuses_sizes_that_are_not_a_power_of_two_up_to_32768() {
+        let mut s = setup();
+        for bad in [0, 3, 96, 65536] {
+            assert!(
+                matches!(s.conn.set_vring_num(0, bad), Err(VuError::InvalidParam)),
+                "size {bad}"
+            );
+            assert_eq!(s.conn.vrings[0].num, 0, "size {bad} was kept");
+        }
+        s.conn.set_vring_num(0, 256).unwrap();
+        assert_eq!(s.conn.vrings[0].num, 256);
+    }
+
+    #[test]
+    fn a_queue_index_out_of_range_is_refused() {
+        let mut s = setup();
+        // One pair without MQ: rx0, tx0, ctrl.
+        assert_eq!(s.conn.vrings.len(), 3);
+        let bad = 3;
+        let invalid = |r: VuResult<()>| matches!(r, Err(VuError::InvalidParam));
+        assert!(invalid(s.conn.set_vring_num(bad, 16)));
+        assert!(invalid(s.conn.set_vring_base(bad, 0)));
+        let rings = Frontend::rings(0);
+        assert!(invalid(s.front.set_vring_addr(&mut s.conn, bad, rings)));
+        let e = EventFd::new(EFD_NONBLOCK).unwrap();
+        let bad = bad as u8;
+        assert!(invalid(s.conn.set_vring_kick(bad, Some(eventfd_file(&e)))));
+        assert!(invalid(s.conn.set_vring_call(bad, Some(eventfd_file(&e)))));
+        assert!(invalid(s.conn.set_vring_err(bad, Some(eventfd_file(&e)))));
+        assert!(!s.conn.must_disconnect);
+        // GET_VRING_BASE needs a reply we cannot give: the connection must close.
+        assert!(matches!(
+            s.conn.get_vring_base(bad as u32),
+            Err(VuError::InvalidParam)
+        ));
+        assert!(s.conn.must_disconnect);
+    }
+
+    #[test]
+    fn ring_addresses_outside_the_memory_table_are_refused() {
+        let mut s = setup();
+        s.front.set_mem_table(&mut s.conn).unwrap();
+        let inside = Frontend::rings(0);
+        let past_end = GuestAddress(Frontend::MEM_SIZE as u64);
+        for rings in [
+            RingAddresses {
+                desc: past_end,
+                ..inside
+            },
+            RingAddresses {
+                avail: past_end,
+                ..inside
+            },
+            RingAddresses {
+                used: past_end,
+                ..inside
+            },
+        ] {
+            assert!(matches!(
+                s.front.set_vring_addr(&mut s.conn, 0, rings),
+                Err(VuError::InvalidParam)
+            ));
+            assert_eq!(s.conn.vrings[0].addrs, None);
+        }
+        s.front.set_vring_addr(&mut s.conn, 0, inside).unwrap();
+        assert!(s.conn.vrings[0].addrs.is_some());
+    }
+
+    #[test]
+    fn a_queue_with_all_it_needs_runs_on_its_worker_until_get_vring_base() {
+        let mut s = setup();
+        // A queue that never ran gives back the base it was set to.
+        s.conn.set_vring_base(0, 9).unwrap();
+        let state = s.conn.get_vring_base(0).unwrap();
+        // Copies: the message struct is packed.
+        let (index, num) = (state.index, state.num);
+        assert_eq!((index, num), (0, 9));
+
+        let mut tx = s.front.start_tx0(&mut s.conn);
+        assert!(s.conn.vrings[TX0 as usize].running);
+        // The pair's worker serves it: a frame sent is used, counted and called for.
+        assert_eq!(tx.send(7), (7, 0));
+        let counters = s.device.counters(TX0 as usize);
+        assert_eq!(counters.packets.get(), 1);
+        assert_eq!(counters.bytes.get(), 64 - vnet::HDR_LEN as u64);
+        assert!(counters.kicks.get() >= 1);
+        assert!(tx.call.read().unwrap() >= 1, "the device called");
+
+        // GET_VRING_BASE stops it: the worker reports where it stopped, and no longer has it.
+        let state = s.conn.get_vring_base(TX0).unwrap();
+        let (index, num) = (state.index, state.num);
+        assert_eq!((index, num), (TX0, 1));
+        let v = &s.conn.vrings[TX0 as usize];
+        assert!(!v.running && v.kick.is_none());
+        assert_eq!(s.device.worker(QueueId::Tx(0)).stop(QueueId::Tx(0)), None);
+    }
+
+    #[test]
+    fn features_cannot_change_while_queues_run() {
+        let mut s = setup();
+        let _tx = s.front.start_tx0(&mut s.conn);
+        assert!(s.conn.vrings[TX0 as usize].running);
+        let other = Features::VERSION_1 | Features::RING_EVENT_IDX;
+        assert!(matches!(
+            s.conn.set_features(other.0),
+            Err(VuError::InvalidOperation(_))
+        ));
+        assert_eq!(s.conn.acked_features, Features::VERSION_1);
+        // The same features again are fine (QEMU repeats SET_FEATURES).
+        s.conn.set_features(Features::VERSION_1.0).unwrap();
+        assert!(s.conn.vrings[TX0 as usize].running);
+    }
+
+    #[test]
+    fn get_config_out_of_range_is_refused() {
+        let mut s = setup();
+        let flags = VhostUserConfigFlags::empty();
+        let cfg = NetConfig {
+            mac: s.device.mac(),
+            status: NET_S_LINK_UP,
+            max_virtqueue_pairs: 1,
+            mtu: s.device.mtu(),
+        }
+        .to_bytes();
+        let end = cfg.len() as u32;
+        assert_eq!(s.conn.get_config(0, end, flags).unwrap(), cfg);
+        assert_eq!(s.conn.get_config(0, 6, flags).unwrap(), s.device.mac());
+        for (offset, size) in [(end - 1, 2), (end, 1), (0, end + 1), (u32::MAX, 1)] {
+            assert!(
+                matches!(
+                    s.conn.get_config(offset, size, flags),
+                    Err(VuError::InvalidParam)
+                ),
+                "offset {offset} size {size}"
+            );
+        }
+    }
+}
