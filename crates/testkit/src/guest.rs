@@ -447,6 +447,28 @@ impl GuestRun {
         );
     }
 
+    /// Panics unless the traffic script's ping lost nothing and iperf3 (both ways) and
+    /// sockperf each reported a rate above zero.
+    pub fn assert_traffic_ran(&self) {
+        assert_eq!(
+            self.result("ping_loss"),
+            Some("0"),
+            "ping lost packets:\n{}",
+            self.script_output.join("\n")
+        );
+        for key in [
+            "iperf_guest_tx_mbps",
+            "iperf_guest_rx_mbps",
+            "sockperf_avg_us",
+        ] {
+            let value: f64 = self
+                .result(key)
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| panic!("no {key} in {:?}", self.results));
+            assert!(value > 0.0, "{key} = {value}");
+        }
+    }
+
     /// One line for the test log: boot and run times.
     pub fn timing(&self) -> String {
         format!(

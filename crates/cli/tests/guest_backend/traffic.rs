@@ -64,23 +64,7 @@ pub fn assert_traffic(run: &GuestRun, host: &Host) {
         run.ready.get("driver").map(String::as_str),
         Some("virtio_net")
     );
-    assert_eq!(
-        run.result("ping_loss"),
-        Some("0"),
-        "ping lost packets:\n{}",
-        run.script_output.join("\n")
-    );
-    for key in [
-        "iperf_guest_tx_mbps",
-        "iperf_guest_rx_mbps",
-        "sockperf_avg_us",
-    ] {
-        let value: f64 = run
-            .result(key)
-            .and_then(|v| v.parse().ok())
-            .unwrap_or_else(|| panic!("no {key} in {:?}", run.results));
-        assert!(value > 0.0, "{key} = {value}");
-    }
+    run.assert_traffic_ran();
 }
 
 /// Checks that the guest's interface counters, the backend's queue counters and the TAP's
