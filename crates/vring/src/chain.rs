@@ -5,7 +5,9 @@
 //! size, lengths against memory, the walk against loops. A malformed chain is an error, never
 //! a shorter chain.
 
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::Ordering::Relaxed;
+
+use crate::sync::AtomicU64;
 
 use crate::layout::{DESC_F_INDIRECT, DESC_F_NEXT, DESC_F_WRITE, DESC_SIZE};
 use crate::ring::{Desc, Rings};

@@ -5,7 +5,9 @@
 //! 001): the driver never reads an element before the index that covers it, so one release
 //! store per batch is enough, and the driver touches the index cache line once per batch.
 
-use std::sync::atomic::{fence, Ordering::SeqCst};
+use std::sync::atomic::Ordering::SeqCst;
+
+use crate::sync::fence;
 use std::sync::Arc;
 
 use crate::chain::Chain;

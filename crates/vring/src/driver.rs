@@ -4,7 +4,9 @@
 //! The driver owns its free list and per-chain bookkeeping privately: nothing read back from
 //! shared memory (which the device may scribble on) is trusted to index its tables unchecked.
 
-use std::sync::atomic::{fence, AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
+use std::sync::atomic::{Ordering::Relaxed, Ordering::SeqCst};
+
+use crate::sync::{fence, AtomicU64};
 use std::sync::Arc;
 
 use crate::error::Broken;

@@ -25,6 +25,7 @@ pub mod layout;
 #[allow(unsafe_code)]
 pub mod memory;
 mod ring;
+pub mod sync;
 #[cfg(test)]
 mod testutil;
 

@@ -5,8 +5,8 @@
 //! accessors or with explicit fences, each commented at the call site with what it pairs with.
 //! Slot numbers are always masked by the caller, so slice indexing never fails.
 
+use crate::sync::{AtomicU16, AtomicU32, AtomicU64};
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
-use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64};
 use std::sync::Arc;
 
 use crate::layout::{self, RingAddresses, AVAIL_ALIGN, DESC_ALIGN, USED_ALIGN};

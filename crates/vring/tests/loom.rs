@@ -2,8 +2,9 @@
 //! double completion, in flag mode and in event-idx mode, on the kick side (driver to device)
 //! and the interrupt side (device to driver).
 //!
-//! loom cannot run over the engine's mmap'd rings, so the protocol is written out again here
-//! over loom atomics: the shared fields (`avail.idx`, `used.idx`, `avail.flags`, `used.flags`,
+//! `tests/loom_engine.rs` runs the engine itself under loom (built with `--cfg loom`). This file
+//! keeps the protocol written out by hand over loom atomics, so that each negative model can
+//! remove one fence or re-check inside the protocol and show the deadlock that follows: the shared fields (`avail.idx`, `used.idx`, `avail.flags`, `used.flags`,
 //! `used_event`, `avail_event`, ring entries) are loom `AtomicU16`/`AtomicU32`, accessed with the
 //! same orderings, fences and order as the engine, and each model function names the engine
 //! function it mirrors (`DriverQueue::add` in src/driver.rs, and so on). Event-idx decisions use
