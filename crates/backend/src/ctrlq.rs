@@ -15,9 +15,9 @@ use std::sync::Arc;
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vring::{Chain, Error as RingError, GuestMemory, Segment};
 
-use super::device::Shared;
 use super::error::Error;
 use super::queue::{break_queue, install_queue, notify, retire_queue, QueueId, QueueRuntime};
+use super::shared::Shared;
 use super::thread::{wait_events, Command, Inbox};
 use vnet::ctrl::{self, Coalesce, Command as CtrlCommand};
 
@@ -245,7 +245,7 @@ impl CtrlWorker {
             CtrlCommand::RxPromisc(on) => shared.promisc.store(on, Relaxed),
             CtrlCommand::RxAllmulti(on) => shared.allmulti.store(on, Relaxed),
             CtrlCommand::MacAddrSet(mac) => {
-                shared.mac.store(super::device::mac_to_u64(mac), Relaxed)
+                shared.mac.store(super::shared::mac_to_u64(mac), Relaxed)
             }
             CtrlCommand::NotfCoalTx(c) => set_every(QueueId::Tx, c),
             CtrlCommand::NotfCoalRx(c) => set_every(QueueId::Rx, c),

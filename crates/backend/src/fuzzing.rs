@@ -10,10 +10,11 @@ use std::sync::Arc;
 use vmm_sys_util::eventfd::EventFd;
 use vring::{Chain, DeviceQueue};
 
-use crate::device::{BackendConfig, Device, Shared};
+use crate::device::Device;
 use crate::metrics::{QueueCounters, QueueTunables};
 use crate::queue::{QueueId, QueueRuntime};
 use crate::session::Session;
+use crate::shared::{BackendConfig, Shared};
 
 /// The device state of `config` alone: no TAP, no worker threads.
 pub fn shared(config: BackendConfig) -> io::Result<Shared> {

@@ -5,10 +5,11 @@
 //! The parts, from the socket down (each uses only those below it):
 //! - [`session`]: accepting frontends and serving one connection's requests;
 //! - [`vhost`]: the vhost-user protocol state of a connection; [`status`]: SET/GET_STATUS;
-//! - [`device`]: the device's configuration, shared state and worker threads;
+//! - [`device`]: the device and its worker threads;
 //! - [`ctrlq`]: the control virtqueue (spec 5.1.6.5) on its own thread;
 //! - [`worker`]: the data path of one queue pair (turns, busy polling, sleeping);
 //! - [`rx`]: guest receive into posted buffers; [`host`]: the host ports (tap, null, echo);
+//! - [`shared`]: the device's configuration and the state its parts share;
 //! - [`thread`]: a worker's thread and command channel; [`queue`]: a running queue, its
 //!   notifications and coalescing;
 //! - [`metrics`]: per-queue counters, JSON and Prometheus; [`ctl`]: the control socket of
@@ -31,6 +32,7 @@ pub mod metrics;
 pub mod queue;
 pub mod rx;
 pub mod session;
+pub mod shared;
 pub mod status;
 #[cfg(test)]
 mod testing;
@@ -38,9 +40,8 @@ pub mod thread;
 pub mod vhost;
 pub mod worker;
 
-pub use device::{
-    device_features, BackendConfig, Device, DeviceReport, IoMode, Shared, PROTOCOL_FEATURES,
-};
+pub use device::{Device, DeviceReport};
 pub use error::Error;
 pub use queue::{QueueId, QueueRuntime};
 pub use session::{serve, serve_connection, RequestHandler, Session};
+pub use shared::{device_features, BackendConfig, IoMode, Shared, PROTOCOL_FEATURES};

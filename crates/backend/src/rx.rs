@@ -8,9 +8,9 @@
 use vnet::feature;
 use vring::{Chain, DeviceQueue, Error as RingError, GuestMemory};
 
-use super::device::Shared;
 use super::error::Error;
 use super::queue::{break_queue, QueueRuntime};
+use super::shared::Shared;
 
 /// Frames per burst of [`RxPath::deliver_burst`]: as many buffer fetches in flight as the CPU
 /// keeps.

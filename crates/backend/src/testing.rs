@@ -15,9 +15,10 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 use vring::{Buf, DriverQueue, Features, GuestAddress, GuestMemory, QueueConfig, RingAddresses};
 
-use super::device::{BackendConfig, Device, IoMode, Shared};
+use super::device::Device;
 use super::metrics::{QueueCounters, QueueTunables};
 use super::queue::{QueueId, QueueRuntime};
+use super::shared::{BackendConfig, IoMode, Shared};
 use super::vhost::Connection;
 
 /// The driver's end, the device's queue runtime, and the device's err eventfd.

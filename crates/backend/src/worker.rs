@@ -16,12 +16,12 @@ use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::timerfd::TimerFd;
 use vring::{Chain, Error as RingError};
 
-use super::device::Shared;
 use super::error::Error;
 use super::host::{Host, Sent};
 use super::metrics::PollExit;
 use super::queue::{break_queue, install_queue, notify, retire_queue, QueueId, QueueRuntime};
 use super::rx::RxPath;
+use super::shared::Shared;
 use super::thread::{wait_events, Command, Inbox};
 
 /// vhost_net's VHOST_NET_PKT_WEIGHT and VHOST_NET_WEIGHT: a queue's share of one turn.

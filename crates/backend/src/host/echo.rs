@@ -4,8 +4,8 @@
 use vring::{Chain, Error as RingError, GuestMemory};
 
 use super::{Host, Received, Sent};
-use crate::device::Shared;
 use crate::rx::RxPath;
+use crate::shared::Shared;
 
 /// The largest frame echoed: a 64 KiB GSO frame and its header.
 const MAX_FRAME: usize = 65536 + vnet::HDR_LEN + 14 + 4;

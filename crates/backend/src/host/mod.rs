@@ -16,9 +16,9 @@ use std::os::fd::RawFd;
 
 use vring::{Chain, Error as RingError, GuestMemory};
 
-use super::device::Shared;
 use super::queue::QueueRuntime;
 use super::rx::RxPath;
+use super::shared::Shared;
 
 /// What became of one guest tx frame.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -4,9 +4,9 @@
 use vring::{Chain, Error as RingError, GuestMemory};
 
 use super::{Host, Received, Sent};
-use crate::device::Shared;
 use crate::queue::QueueRuntime;
 use crate::rx::RxPath;
+use crate::shared::Shared;
 use vnet::NetHdr;
 
 #[derive(Debug)]

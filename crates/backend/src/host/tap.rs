@@ -13,8 +13,8 @@ use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use vring::{Chain, Error as RingError, GuestMemory};
 
 use super::{Host, Received, Sent};
-use crate::device::Shared;
 use crate::rx::RxPath;
+use crate::shared::Shared;
 use virtnet_sys::tap::TapQueue;
 
 /// The largest frame the rx path reads: a 64 KiB GSO frame and its header.

@@ -1,0 +1,212 @@
+//! The device's configuration and the state its workers, its control queue and the protocol
+//! handler share: the receive filter, the active pairs, the negotiated features and status,
+//! each queue's counters and tunables, the TAP control handles and the workers' wake-ups.
+
+use std::io;
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, AtomicU8, Ordering::Relaxed};
+use std::sync::Arc;
+
+use vhost::vhost_user::message::VhostUserProtocolFeatures;
+use virtnet_sys::tap::TapQueue;
+use vnet::feature;
+use vring::Features;
+
+use super::metrics::{QueueCounters, QueueTunables};
+use super::queue::QueueId;
+
+/// The vhost-user protocol features we implement. rust-vmm `vhost` 0.18 does not dispatch
+/// SET_STATUS/GET_STATUS to a backend: the session answers those itself (`status.rs`).
+pub const PROTOCOL_FEATURES: VhostUserProtocolFeatures = VhostUserProtocolFeatures::MQ
+    .union(VhostUserProtocolFeatures::REPLY_ACK)
+    .union(VhostUserProtocolFeatures::CONFIG)
+    .union(VhostUserProtocolFeatures::MTU)
+    .union(VhostUserProtocolFeatures::STATUS);
+
+/// The virtio features the device offers (on top of vhost-user's PROTOCOL_FEATURES bit).
+/// The control queue features are for drivers that pass the control queue to us (ours, DPDK);
+/// QEMU keeps the control queue to itself and never acknowledges them.
+pub fn device_features(pairs: u16) -> Features {
+    let mut f = Features::VERSION_1
+        | Features::RING_EVENT_IDX
+        | Features::RING_INDIRECT_DESC
+        | Features::NOTIFY_ON_EMPTY
+        | Features::IN_ORDER
+        | feature::MRG_RXBUF
+        | feature::CSUM
+        | feature::GUEST_CSUM
+        | feature::HOST_TSO4
+        | feature::HOST_TSO6
+        | feature::HOST_ECN
+        | feature::GUEST_TSO4
+        | feature::GUEST_TSO6
+        | feature::GUEST_ECN
+        | feature::MTU
+        | feature::STATUS
+        | feature::MAC
+        | feature::CTRL_VQ
+        | feature::CTRL_RX
+        | feature::CTRL_MAC_ADDR
+        | feature::NOTF_COAL
+        | feature::VQ_NOTF_COAL;
+    if pairs > 1 {
+        f = f | feature::MQ;
+    }
+    f
+}
+
+/// Where frames go, as chosen on the command line.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum IoMode {
+    Tap(String),
+    Null { size: usize },
+    Echo,
+}
+
+#[derive(Clone, Debug)]
+pub struct BackendConfig {
+    pub pairs: u16,
+    pub io: IoMode,
+    pub mac: [u8; 6],
+    pub mtu: u16,
+    pub busy_poll_us: u32,
+    /// A slow device on purpose (the control-queue benchmark): wait this long before answering
+    /// each control command. The `experiments` feature.
+    #[cfg(feature = "experiments")]
+    pub ctrl_delay_us: u32,
+    /// Used entries written before `used.idx` is published (batched used publish; 1 = every entry).
+    pub used_batch: u16,
+    /// While busy polling the tx ring, also poll the host side for rx (rx polled from the tx path).
+    pub poll_rx_from_tx: bool,
+    /// Pin every data worker to this CPU (the contended case of the busy-polling benchmark).
+    pub worker_cpu: Option<usize>,
+}
+
+impl Default for BackendConfig {
+    fn default() -> Self {
+        BackendConfig {
+            pairs: 1,
+            io: IoMode::Null { size: 64 },
+            mac: [0x52, 0x54, 0x00, 0x12, 0x34, 0x56],
+            mtu: 1500,
+            busy_poll_us: 0,
+            #[cfg(feature = "experiments")]
+            ctrl_delay_us: 0,
+            used_batch: vring::DEFAULT_USED_BATCH,
+            poll_rx_from_tx: true,
+            worker_cpu: None,
+        }
+    }
+}
+
+/// Device state that the data workers, the control queue and the protocol handler share.
+#[derive(Debug)]
+pub struct Shared {
+    pub config: BackendConfig,
+    /// One each per virtqueue, in index order (rx0, tx0, rx1, tx1, ..., ctrl): what the queue
+    /// observed, and what it is told to do.
+    pub counters: Vec<Arc<QueueCounters>>,
+    pub tunables: Vec<Arc<QueueTunables>>,
+    /// Control handles on the TAP queues (one per pair), for attach/detach and offloads.
+    pub taps: Vec<TapQueue>,
+    /// Queue pairs in use (MQ VQ_PAIRS_SET); the others carry no traffic.
+    pub active_pairs: AtomicU16,
+    /// The receive filter (CTRL_RX, CTRL_MAC_ADDR): promiscuous by default, as in QEMU.
+    pub promisc: AtomicBool,
+    pub allmulti: AtomicBool,
+    /// The MAC address, packed in the low 48 bits.
+    pub mac: AtomicU64,
+    /// Each data worker's wake-up eventfd, so a control command can get it to re-check.
+    pub wakes: Vec<vmm_sys_util::eventfd::EventFd>,
+    /// The virtio features the frontend acknowledged (0 before SET_FEATURES), for reports.
+    pub features: AtomicU64,
+    /// The device status the frontend last set (SET_STATUS), and how many times it set one
+    /// on this connection, for reports.
+    pub status: AtomicU8,
+    pub status_sets: AtomicU64,
+}
+
+pub(crate) fn mac_to_u64(mac: [u8; 6]) -> u64 {
+    let mut b = [0u8; 8];
+    b[..6].copy_from_slice(&mac);
+    u64::from_le_bytes(b)
+}
+
+pub(crate) fn check_pairs(pairs: u16) -> io::Result<()> {
+    if pairs == 0 || pairs > 128 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "queue pairs must be 1..=128",
+        ));
+    }
+    Ok(())
+}
+
+impl Shared {
+    /// The state of a device with `config.pairs` pairs (1..=128), every pair active and the
+    /// default receive filter; `taps` holds one control handle per pair, or none without a
+    /// TAP. [`Device::new`] builds it; the control-queue fuzz target builds one alone
+    /// (`fuzzing::shared`), to drive the control queue without the worker threads.
+    pub(crate) fn new(config: BackendConfig, taps: Vec<TapQueue>) -> io::Result<Shared> {
+        check_pairs(config.pairs)?;
+        let queues = || QueueId::all(config.pairs);
+        let counters = queues().map(|_| Arc::default()).collect();
+        let tunables: Vec<Arc<QueueTunables>> = queues().map(|_| Arc::default()).collect();
+        for t in &tunables {
+            t.busy_poll_us.store(config.busy_poll_us, Relaxed);
+        }
+        Ok(Shared {
+            active_pairs: AtomicU16::new(config.pairs),
+            promisc: AtomicBool::new(true),
+            allmulti: AtomicBool::new(false),
+            mac: AtomicU64::new(mac_to_u64(config.mac)),
+            features: AtomicU64::new(0),
+            status: AtomicU8::new(0),
+            status_sets: AtomicU64::new(0),
+            wakes: (0..config.pairs)
+                .map(|_| vmm_sys_util::eventfd::EventFd::new(libc::EFD_NONBLOCK))
+                .collect::<io::Result<_>>()?,
+            config,
+            counters,
+            tunables,
+            taps,
+        })
+    }
+
+    pub fn mac(&self) -> [u8; 6] {
+        let b = self.mac.load(Relaxed).to_le_bytes();
+        [b[0], b[1], b[2], b[3], b[4], b[5]]
+    }
+
+    /// Whether a frame to `dst` passes the receive filter.
+    pub fn accepts(&self, dst: &[u8]) -> bool {
+        if self.promisc.load(Relaxed) || dst.len() < 6 {
+            return true;
+        }
+        let broadcast = dst[..6] == [0xff; 6];
+        let multicast = dst[0] & 1 != 0;
+        broadcast || dst[..6] == self.mac() || (multicast && self.allmulti.load(Relaxed))
+    }
+
+    /// Uses the first `n` pairs: the TAP queues of the others are detached, so the kernel
+    /// stops steering frames to them.
+    pub fn set_active_pairs(&self, n: u16) -> io::Result<()> {
+        for (p, t) in self.taps.iter().enumerate() {
+            t.set_attached(p < n as usize)?;
+        }
+        self.active_pairs.store(n, Relaxed);
+        for w in &self.wakes {
+            let _ = w.write(1);
+        }
+        Ok(())
+    }
+
+    /// The counters of queue `id`.
+    pub fn queue_counters(&self, id: QueueId) -> &Arc<QueueCounters> {
+        &self.counters[id.index(self.config.pairs)]
+    }
+
+    /// The tunables of queue `id`.
+    pub fn queue_tunables(&self, id: QueueId) -> &Arc<QueueTunables> {
+        &self.tunables[id.index(self.config.pairs)]
+    }
+}
