@@ -14,15 +14,13 @@
 
 #![forbid(unsafe_code)]
 
-#[path = "support/virtio_queue.rs"]
-mod virtio_queue;
 
 use std::time::Duration;
 
 use bench::experiments::ring::{MODES, SHAPES};
 use bench::ring::{device_side, pingpong, RingMemory};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use virtio_queue::VqDevice;
+use testkit::baseline::VqDevice;
 
 fn pingpong_once(vq: bool, mode: pingpong::Mode, ops: u64) -> Duration {
     let ops = ops.max(1);

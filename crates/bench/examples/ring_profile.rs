@@ -12,8 +12,6 @@
 
 #![forbid(unsafe_code)]
 
-#[path = "../benches/support/virtio_queue.rs"]
-mod virtio_queue;
 
 use bench::ring::{device_side, ChainShape, RingMemory};
 use bench::BenchError;
@@ -38,7 +36,7 @@ fn main() -> Result<(), BenchError> {
     };
     let run = match engine.as_str() {
         "vring" => device_side::run(&ring, ring.vring_device()?, &cfg)?,
-        "virtio-queue" => device_side::run(&ring, virtio_queue::VqDevice::new(&ring)?, &cfg)?,
+        "virtio-queue" => device_side::run(&ring, testkit::baseline::VqDevice::new(&ring)?, &cfg)?,
         _ => usage(),
     };
     println!(

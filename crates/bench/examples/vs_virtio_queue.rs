@@ -12,14 +12,12 @@
 
 #![forbid(unsafe_code)]
 
-#[path = "../benches/support/virtio_queue.rs"]
-mod virtio_queue;
 
 use bench::ring::{device_side, pingpong, ChainShape, RingMemory};
 use bench::summary::Summary;
 use bench::table::Table;
 use bench::BenchError;
-use virtio_queue::VqDevice;
+use testkit::baseline::VqDevice;
 
 /// Which engine serves the device side.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -1,6 +1,7 @@
 //! Test scaffolding shared by the crates' tests (a dev-dependency only, never shipped).
 //!
 //! - [`pair`]: a driver queue and a device queue on one virtqueue in one memory;
+//! - [`baseline`]: rust-vmm virtio-queue as a device engine for the bench harnesses;
 //! - [`inproc`]: an in-process backend on a unix socket and our driver connected to it;
 //!
 //! and the support for the tests that need real peers: a Linux guest under QEMU, DPDK's
@@ -19,6 +20,7 @@
 
 #![deny(unsafe_code)]
 
+pub mod baseline;
 pub mod cpio;
 pub mod guest;
 pub mod image;

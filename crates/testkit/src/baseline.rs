@@ -1,4 +1,5 @@
-//! rust-vmm virtio-queue 0.18 as a [`RingDevice`], for the comparison benches: its `Queue` over
+//! rust-vmm virtio-queue 0.18 as a bench [`RingDevice`], the baseline of the comparison
+//! benches and examples (`crates/bench`): its `Queue` over
 //! vm-memory's own `GuestMemoryMmap` mapping of the same memfd our driver writes into.
 //!
 //! Used as its documentation intends: `pop_descriptor_chain`, iterate the chain, `add_used`,
