@@ -26,6 +26,7 @@ use vring::memory::RegionSource;
 use vring::{DeviceQueue, Features, GuestAddress, GuestMemory, QueueConfig, RingAddresses};
 
 use super::device::Device;
+use super::error::Error;
 use super::queue::{QueueId, QueueRuntime};
 use virtnet_sys::tap::TapOffloads;
 use vnet::{NetConfig, NET_S_LINK_UP};
@@ -119,14 +120,16 @@ impl Connection {
             used: tr(used)?,
         };
         let features = Features(self.acked_features.0);
-        let config = QueueConfig::new(v.num, rings, features).map_err(|e| {
-            tracing::warn!(queue = index, error = %e, "bad queue configuration");
+        let refuse = |e: Error| {
+            tracing::warn!(queue = index, error = %e, "queue not started");
             VuError::InvalidParam
-        })?;
-        let mut queue = DeviceQueue::activate(&config, mem, v.base).map_err(|e| {
-            tracing::warn!(queue = index, error = %e, "bad queue configuration");
-            VuError::InvalidParam
-        })?;
+        };
+        let config = QueueConfig::new(v.num, rings, features)
+            .map_err(Error::protocol("queue configuration"))
+            .map_err(refuse)?;
+        let mut queue = DeviceQueue::activate(&config, mem, v.base)
+            .map_err(Error::protocol("queue configuration"))
+            .map_err(refuse)?;
         queue.set_used_batch(self.device.shared().config.used_batch);
         let v = &mut self.vrings[index];
         let kick = v
@@ -211,7 +214,8 @@ impl VhostUserBackendReqHandlerMut for Connection {
     fn set_features(&mut self, features: u64) -> VuResult<()> {
         let offered = Features(self.get_features()?);
         let acked = Features::check_acked(offered, Features(features)).map_err(|e| {
-            tracing::warn!(error = %e, "frontend acknowledged features we did not offer");
+            let e = Error::protocol("SET_FEATURES")(e);
+            tracing::warn!(error = %e, "features refused");
             VuError::InvalidParam
         })?;
         if self.vrings.iter().any(|v| v.running)
@@ -271,7 +275,8 @@ impl VhostUserBackendReqHandlerMut for Connection {
             })
             .collect();
         let mem = GuestMemory::from_sources(sources).map_err(|e| {
-            tracing::warn!(error = %e, "bad memory table");
+            let e = Error::protocol("SET_MEM_TABLE")(e);
+            tracing::warn!(error = %e, "memory table refused");
             VuError::InvalidParam
         })?;
         // Quiesce the running queues, swap the memory, restart them from where they were.

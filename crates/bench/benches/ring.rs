@@ -14,7 +14,6 @@
 
 #![forbid(unsafe_code)]
 
-
 use std::time::Duration;
 
 use bench::experiments::ring::{MODES, SHAPES};

@@ -12,7 +12,6 @@
 
 #![forbid(unsafe_code)]
 
-
 use bench::ring::{device_side, ChainShape, RingMemory};
 use bench::BenchError;
 

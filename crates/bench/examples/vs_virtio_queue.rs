@@ -12,7 +12,6 @@
 
 #![forbid(unsafe_code)]
 
-
 use bench::ring::{device_side, pingpong, ChainShape, RingMemory};
 use bench::summary::Summary;
 use bench::table::Table;
