@@ -12,7 +12,7 @@
 
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd};
+use std::os::fd::AsRawFd;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
@@ -21,7 +21,7 @@ use crate::sync::{AtomicU16, AtomicU32, AtomicU64};
 use vm_memory::mmap::MmapRegion;
 use vm_memory::FileOffset;
 
-use crate::{Error, Segment};
+use crate::Error;
 
 /// The most regions a memory may have (vhost-user's `VHOST_USER_MAX_RAM_SLOTS`).
 pub const MAX_REGIONS: usize = 509;
@@ -37,10 +37,6 @@ impl GuestAddress {
         self.0.checked_add(offset).map(GuestAddress)
     }
 }
-
-/// The most segments one [`GuestMemory::writev_to`] or [`GuestMemory::readv_from`] takes: their
-/// iovecs live on the stack. Linux's own limit (`UIO_MAXIOV`) is 1024.
-pub const MAX_IOVECS: usize = 64;
 
 /// A checked span of host memory: `len` bytes at `ptr` lie inside one mapped region of the
 /// memory that produced it. Private, so that no code outside this module holds a raw pointer
@@ -370,74 +366,6 @@ impl GuestMemory {
         Ok(())
     }
 
-    /// Writes the bytes of `segs`, in order, to `fd` with one `writev`: a frame goes from guest
-    /// memory to the host without a copy in this process. Returns the bytes written.
-    ///
-    /// The outer error is the guest's: a segment outside memory
-    /// ([`Error::AddressOutOfRange`]), or more than [`MAX_IOVECS`] segments
-    /// ([`Error::TooManySegments`]); then nothing is written. The inner one is the host's, as
-    /// `writev` reported it (`WouldBlock` when a non-blocking `fd` is full, for example).
-    pub fn writev_to(
-        &self,
-        fd: BorrowedFd<'_>,
-        segs: &[Segment],
-    ) -> Result<io::Result<usize>, Error> {
-        let mut iov = [EMPTY_IOVEC; MAX_IOVECS];
-        let n = self.iovecs(segs, &mut iov)?;
-        Ok(retry_interrupted(|| {
-            // SAFETY: `iovecs` checked that each of the `n` iovecs lies inside a mapping of
-            // `self`, which the borrow keeps alive for the call; writev only reads them. The peer
-            // may change those bytes meanwhile: the host then gets whatever was there, as with
-            // a copy.
-            unsafe { libc::writev(fd.as_raw_fd(), iov.as_ptr(), n as libc::c_int) }
-        }))
-    }
-
-    /// Reads from `fd` with one `readv`, scattering the bytes over `segs` in order: a frame goes
-    /// from the host into guest memory without a copy in this process. Returns the bytes read;
-    /// a read longer than the segments is cut by the kernel, as `readv` does.
-    ///
-    /// Errors as in [`GuestMemory::writev_to`]; on an outer error nothing is read.
-    pub fn readv_from(
-        &self,
-        fd: BorrowedFd<'_>,
-        segs: &[Segment],
-    ) -> Result<io::Result<usize>, Error> {
-        let mut iov = [EMPTY_IOVEC; MAX_IOVECS];
-        let n = self.iovecs(segs, &mut iov)?;
-        Ok(retry_interrupted(|| {
-            // SAFETY: `iovecs` checked that each of the `n` iovecs lies inside a mapping of
-            // `self`, which the borrow keeps alive for the call. The kernel's stores there race
-            // with the peer's accesses, which is fine: this memory is shared and only ever
-            // accessed by copies and atomics, so no Rust reference to plain bytes exists under
-            // it, and where a hostile guest points a segment at its own ring, the ring's Rust
-            // views are atomics (interior mutability), which the peer may overwrite anyway.
-            unsafe { libc::readv(fd.as_raw_fd(), iov.as_ptr(), n as libc::c_int) }
-        }))
-    }
-
-    /// Translates `segs` into `iov`, checking each one; returns how many it filled.
-    fn iovecs(
-        &self,
-        segs: &[Segment],
-        iov: &mut [libc::iovec; MAX_IOVECS],
-    ) -> Result<usize, Error> {
-        if segs.len() > MAX_IOVECS {
-            return Err(Error::TooManySegments {
-                count: segs.len(),
-                max: MAX_IOVECS,
-            });
-        }
-        for (slot, s) in iov.iter_mut().zip(segs) {
-            let span = self.host_span(s.addr, s.len as usize)?;
-            *slot = libc::iovec {
-                iov_base: span.ptr.cast(),
-                iov_len: span.len,
-            };
-        }
-        Ok(segs.len())
-    }
-
     /// An atomic view of `count` elements of `T` at `addr`, which must be aligned for `T` and
     /// lie inside one region. The view borrows the memory.
     pub fn atomic_slice<T: SharedAtomic>(
@@ -535,26 +463,6 @@ impl GuestMemory {
     }
 }
 
-const EMPTY_IOVEC: libc::iovec = libc::iovec {
-    iov_base: std::ptr::null_mut(),
-    iov_len: 0,
-};
-
-/// Runs a vectored I/O call until a signal does not interrupt it: an interrupted call moved no
-/// bytes, so repeating it is what the caller wants.
-fn retry_interrupted(mut call: impl FnMut() -> libc::ssize_t) -> io::Result<usize> {
-    loop {
-        let n = call();
-        if n >= 0 {
-            return Ok(n as usize);
-        }
-        let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
-            return Err(e);
-        }
-    }
-}
-
 fn out_of_range(addr: GuestAddress, len: usize) -> Error {
     Error::AddressOutOfRange {
         addr: addr.0,
@@ -567,6 +475,10 @@ pub trait SharedAtomic: sealed::Sealed + Sync + Send + 'static {}
 impl SharedAtomic for AtomicU16 {}
 impl SharedAtomic for AtomicU32 {}
 impl SharedAtomic for AtomicU64 {}
+mod vectored;
+
+pub use vectored::MAX_IOVECS;
+
 mod sealed {
     pub trait Sealed {
         /// Bytes of the integer in shared memory (under loom, the atomic object is larger).
@@ -667,6 +579,7 @@ fn memfd_create(name: &str, size: u64) -> Result<File, Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Segment;
     use std::io::{Read, Write};
     use std::os::fd::AsFd;
     use std::os::unix::net::UnixStream;
