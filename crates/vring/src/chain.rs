@@ -13,6 +13,11 @@ use crate::layout::{DESC_F_INDIRECT, DESC_F_NEXT, DESC_F_WRITE, DESC_SIZE};
 use crate::ring::{Desc, Rings};
 use crate::{Error, GuestAddress, GuestMemory};
 
+/// The most segments a chain may have, direct and indirect together: Linux's `UIO_MAXIOV`,
+/// which bounds vhost's chains too. A longer chain breaks the queue, as in vhost; it bounds
+/// the memory a chain takes whatever the guest writes.
+pub const MAX_CHAIN_SEGMENTS: usize = 1024;
+
 /// One buffer of a chain, checked to lie inside guest memory when the chain was popped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Segment {
@@ -67,6 +72,12 @@ impl Chain {
                 index,
                 addr: d.addr,
                 len: d.len,
+            });
+        }
+        if self.segments.len() >= MAX_CHAIN_SEGMENTS {
+            return Err(Error::ChainTooLong {
+                head: self.head,
+                max: MAX_CHAIN_SEGMENTS,
             });
         }
         if d.flags & DESC_F_WRITE != 0 {

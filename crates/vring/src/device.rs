@@ -492,6 +492,36 @@ mod tests {
     }
 
     #[test]
+    fn a_chain_of_more_than_1024_segments_breaks_the_queue() {
+        // An indirect table of `n` one-byte buffers, each linked to the next.
+        let table = |p: &Pair, n: u16| {
+            for i in 0..n {
+                let flags = if i + 1 < n { NEXT } else { 0 };
+                let at = GuestAddress(INDIRECT_BASE.0 + 16 * i as u64);
+                p.write_desc_at(at, DATA, 1, flags, i + 1);
+            }
+        };
+        let max = crate::MAX_CHAIN_SEGMENTS as u16;
+        let mut p = pair(2048, Features::RING_INDIRECT_DESC);
+        table(&p, max);
+        p.write_desc(0, INDIRECT_BASE.0, 16 * max as u32, IND, 0);
+        p.publish(0, &[0]);
+        let c = p.device.pop().unwrap().expect("1024 segments are fine");
+        assert_eq!(c.readable().len(), max as usize);
+        let mut p = pair(2048, Features::RING_INDIRECT_DESC);
+        table(&p, max + 1);
+        p.write_desc(0, INDIRECT_BASE.0, 16 * (max as u32 + 1), IND, 0);
+        p.publish(0, &[0]);
+        assert_breaks(
+            &mut p,
+            Error::ChainTooLong {
+                head: 0,
+                max: max as usize,
+            },
+        );
+    }
+
+    #[test]
     fn indirect_table_outside_memory_breaks_the_queue() {
         let mut p = indirect_pair();
         let addr = MEM_SIZE as u64 - 16;

@@ -38,6 +38,10 @@ pub enum Error {
     BufferOutOfMemory { index: u16, addr: u64, len: u32 },
     #[error("descriptor {index} is device-readable but follows a device-writable one")]
     ReadableAfterWritable { index: u16 },
+    #[error("chain from head {head} has more than {max} segments")]
+    ChainTooLong { head: u16, max: usize },
+    #[error("chain from head {head} has no device-writable bytes, where the device writes")]
+    NoWritableBytes { head: u16 },
 
     // ---- The device broke the ring (seen by the driver side).
     #[error("used index {used_idx} is more than the queue size {size} ahead of {last_used}")]
@@ -119,6 +123,8 @@ impl Error {
             | IndirectOutOfMemory { .. }
             | BufferOutOfMemory { .. }
             | ReadableAfterWritable { .. }
+            | ChainTooLong { .. }
+            | NoWritableBytes { .. }
             | UsedIdxOutOfRange { .. }
             | UsedIdOutOfRange { .. }
             | UsedIdNotInFlight { .. }

@@ -29,7 +29,7 @@ pub mod sync;
 #[cfg(test)]
 mod testutil;
 
-pub use chain::{Chain, Segment};
+pub use chain::{Chain, Segment, MAX_CHAIN_SEGMENTS};
 pub use config::QueueConfig;
 pub use device::{DeviceQueue, DeviceStats, DEFAULT_USED_BATCH};
 pub use driver::{Buf, DriverQueue, DriverStats, IndirectArea};
