@@ -549,9 +549,9 @@ unsafe impl<T: SharedAtomic> Send for SharedSlice<T> {}
 #[cfg(not(loom))]
 unsafe impl<T: SharedAtomic> Sync for SharedSlice<T> {}
 
-/// An anonymous memory file of `size` bytes, sealed against shrinking: the backend we share it
-/// with maps all of it, and a shrunk file would make its accesses past the new end fault
-/// (SIGBUS). QEMU seals its memfds the same way.
+/// An anonymous memory file of `size` bytes, sealed against shrinking, growing and further
+/// sealing changes: the backend we share it with maps all of it, and a shrunk file would make
+/// our own accesses past the new end fault (SIGBUS). QEMU seals its memfds the same way.
 fn memfd_create(name: &str, size: u64) -> Result<File, Error> {
     use std::os::fd::FromRawFd;
     let os_error = |e: io::Error| Error::Mmap {
@@ -569,8 +569,9 @@ fn memfd_create(name: &str, size: u64) -> Result<File, Error> {
     // SAFETY: `fd` is a fresh descriptor that nothing else owns.
     let file = unsafe { File::from_raw_fd(fd) };
     file.set_len(size).map_err(os_error)?;
+    let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
     // SAFETY: F_ADD_SEALS takes an int argument; `file` is a memfd that allows sealing.
-    if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_SHRINK) } < 0 {
+    if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, seals) } < 0 {
         return Err(os_error(io::Error::last_os_error()));
     }
     Ok(file)
@@ -791,12 +792,19 @@ mod tests {
     }
 
     #[test]
-    fn memfd_memory_cannot_be_shrunk() {
+    fn memfd_memory_cannot_be_resized_nor_unsealed() {
         let mem = GuestMemory::memfd(&[(GuestAddress(0), 8192)]).unwrap();
         let file = mem.regions().next().unwrap().file.unwrap();
-        let e = file.set_len(4096).unwrap_err();
-        assert_eq!(e.raw_os_error(), Some(libc::EPERM));
+        for len in [4096, 16384] {
+            let e = file.set_len(len).unwrap_err();
+            assert_eq!(e.raw_os_error(), Some(libc::EPERM), "set_len({len})");
+        }
         assert_eq!(file.metadata().unwrap().len(), 8192);
+        // F_SEAL_SEAL: a peer holding the fd cannot lift or add seals either.
+        // SAFETY: F_ADD_SEALS takes an int argument on a valid fd.
+        let r = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_WRITE) };
+        assert_eq!(r, -1);
+        assert_eq!(io::Error::last_os_error().raw_os_error(), Some(libc::EPERM));
     }
 
     #[test]
