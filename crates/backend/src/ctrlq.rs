@@ -23,6 +23,9 @@ use vnet::ctrl::{self, Coalesce, Command as CtrlCommand};
 
 /// Commands are a few bytes; anything longer than this is refused without reading it all.
 const MAX_COMMAND: u64 = 4096;
+/// Commands answered per turn: then the thread looks at its own requests (a queue stop)
+/// before it goes on, however fast the guest adds commands.
+pub(crate) const CTRL_WEIGHT: usize = 64;
 
 const EV_WAKE: u64 = 0;
 const EV_KICK: u64 = 1;
@@ -61,8 +64,8 @@ fn write_at(
     Ok(())
 }
 
-/// Handles every command pending on the control queue `q`; returns how many. Each gets its
-/// ack at once; a chain the ring engine refuses breaks the queue (and nothing more is done on
+/// Handles the commands pending on the control queue `q`, at most [`CTRL_WEIGHT`]; returns how
+/// many. Each gets its ack at once; a chain the ring engine refuses breaks the queue (and nothing more is done on
 /// it until the frontend restarts it). The control thread calls this on every wake-up; the
 /// control-queue fuzz target calls it without the thread (`fuzzing::process_commands`).
 pub(crate) fn process_commands(shared: &Shared, q: &mut QueueRuntime, chain: &mut Chain) -> usize {
@@ -70,7 +73,7 @@ pub(crate) fn process_commands(shared: &Shared, q: &mut QueueRuntime, chain: &mu
         return 0;
     }
     let mut done = 0;
-    loop {
+    while done < CTRL_WEIGHT {
         // Control commands are rare and latency-bound: answer each one at once.
         q.queue.set_used_batch(1);
         match q.queue.pop_into(chain) {
@@ -101,6 +104,7 @@ pub(crate) fn process_commands(shared: &Shared, q: &mut QueueRuntime, chain: &mu
         notify(q);
         done += 1;
     }
+    done
 }
 
 impl CtrlWorker {
@@ -256,5 +260,39 @@ impl CtrlWorker {
             }
         }
         Ok(None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use vnet::ctrl::Command as CtrlCommand;
+    use vring::{Buf, Features, GuestAddress};
+
+    use super::*;
+    use crate::testing::{setup_sized, shared};
+
+    #[test]
+    fn a_turn_answers_at_most_the_weight_then_the_rest_next_turn() {
+        let mut s = setup_sized(QueueId::Ctrl, Features::VERSION_1, 256);
+        let cmd = CtrlCommand::RxPromisc(true).encode();
+        let total = CTRL_WEIGHT as u32 + 10;
+        for i in 0..total {
+            let at = GuestAddress(0x20_0000 + 64 * i as u64);
+            s.mem.write(at, &cmd).unwrap();
+            let ack = Buf::new(GuestAddress(at.0 + 32), 1);
+            s.driver
+                .add(&[Buf::new(at, cmd.len() as u32)], &[ack], i)
+                .unwrap();
+        }
+        let dev = shared();
+        let mut chain = Chain::new();
+        assert_eq!(
+            process_commands(&dev, &mut s.runtime, &mut chain),
+            CTRL_WEIGHT
+        );
+        assert_eq!(process_commands(&dev, &mut s.runtime, &mut chain), 10);
+        assert_eq!(process_commands(&dev, &mut s.runtime, &mut chain), 0);
+        assert_eq!(s.runtime.counters.ctrl_commands.get(), total as u64);
+        assert_eq!(s.runtime.counters.ctrl_errors.get(), 0);
     }
 }

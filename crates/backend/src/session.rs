@@ -226,7 +226,7 @@ mod tests {
             Err(e) if e.kind() == ErrorKind::ConnectionReset => {}
             other => panic!("the connection is still open: {other:?}"),
         }
-        assert_eq!(device.worker(tx0).stop(tx0), None, "tx0 still runs");
+        assert_eq!(device.worker(tx0).stop(tx0), Ok(None), "tx0 still runs");
         drop(session);
 
         // The next frontend is served: its requests answered, its queue run.

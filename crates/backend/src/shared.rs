@@ -131,18 +131,23 @@ pub(crate) fn mac_to_u64(mac: [u8; 6]) -> u64 {
     u64::from_le_bytes(b)
 }
 
+/// The most queue pairs a device may have: vhost-user names a virtqueue in SET_VRING_KICK,
+/// CALL and ERR by 8 bits, so the control queue after `2 * pairs` data queues must be at most
+/// virtqueue 255.
+pub const MAX_PAIRS: u16 = 127;
+
 pub(crate) fn check_pairs(pairs: u16) -> io::Result<()> {
-    if pairs == 0 || pairs > 128 {
+    if pairs == 0 || pairs > MAX_PAIRS {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
-            "queue pairs must be 1..=128",
+            format!("queue pairs must be 1..={MAX_PAIRS}"),
         ));
     }
     Ok(())
 }
 
 impl Shared {
-    /// The state of a device with `config.pairs` pairs (1..=128), every pair active and the
+    /// The state of a device with `config.pairs` pairs (1..=[`MAX_PAIRS`]), every pair active and the
     /// default receive filter; `taps` holds one control handle per pair, or none without a
     /// TAP. [`Device::new`] builds it; the control-queue fuzz target builds one alone
     /// (`fuzzing::shared`), to drive the control queue without the worker threads.
@@ -208,5 +213,23 @@ impl Shared {
     /// The tunables of queue `id`.
     pub fn queue_tunables(&self, id: QueueId) -> &Arc<QueueTunables> {
         &self.tunables[id.index(self.config.pairs)]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_virtqueue_of_the_largest_device_has_an_8_bit_index() {
+        let config = |pairs| BackendConfig {
+            pairs,
+            ..BackendConfig::default()
+        };
+        let s = Shared::new(config(MAX_PAIRS), Vec::new()).unwrap();
+        let last = QueueId::Ctrl.index(s.config.pairs);
+        assert!(last <= u8::MAX as usize, "control queue at {last}");
+        assert!(Shared::new(config(MAX_PAIRS + 1), Vec::new()).is_err());
+        assert!(Shared::new(config(0), Vec::new()).is_err());
     }
 }

@@ -31,12 +31,17 @@ pub struct Setup {
 
 /// A queue of 16 with `features`, its device end as queue `id`.
 pub fn setup(id: QueueId, features: Features) -> Setup {
+    setup_sized(id, features, 16)
+}
+
+/// A queue of `size` with `features`, its device end as queue `id`.
+pub fn setup_sized(id: QueueId, features: Features, size: u16) -> Setup {
     let Pair {
         mem,
         driver,
         device,
         ..
-    } = pair(16, features, 16);
+    } = pair(size, features, 16);
     let err = EventFd::new(EFD_NONBLOCK).unwrap();
     let runtime = QueueRuntime::new(
         id,

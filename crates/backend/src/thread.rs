@@ -64,6 +64,14 @@ pub fn wait_events(epoll: &Epoll, events: &mut [EpollEvent]) -> Result<usize, Er
     }
 }
 
+/// How long a stop may take before the worker counts as hung.
+const STOP_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A worker that did not answer a stop request within [`STOP_TIMEOUT`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the worker of queue {0} did not stop it within 5 s")]
+pub struct StopTimedOut(pub QueueId);
+
 /// The protocol thread's end of a worker.
 #[derive(Debug)]
 pub struct WorkerHandle {
@@ -111,11 +119,14 @@ impl WorkerHandle {
         self.send(Command::Start(Box::new(q)));
     }
 
-    /// Stops queue `queue` and returns its next avail index, waiting at most 5 s.
-    pub fn stop(&self, queue: QueueId) -> Option<u16> {
+    /// Stops queue `queue` and returns its next avail index (None if it was not running),
+    /// waiting at most 5 s; Err if the worker did not answer in time.
+    pub fn stop(&self, queue: QueueId) -> Result<Option<u16>, StopTimedOut> {
         let (reply, answer) = mpsc::channel();
         self.send(Command::Stop { queue, reply });
-        answer.recv_timeout(Duration::from_secs(5)).ok().flatten()
+        answer
+            .recv_timeout(STOP_TIMEOUT)
+            .map_err(|_| StopTimedOut(queue))
     }
 }
 

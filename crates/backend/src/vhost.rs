@@ -102,6 +102,18 @@ impl Connection {
         self.acked_features.0 & VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits() != 0
     }
 
+    /// Whether virtqueue `index` exists under the negotiated features (VIRTIO 1.2 5.1.2):
+    /// without MQ, one pair and the control queue at 2; with it, every pair and the control
+    /// queue after them; the control queue only with CTRL_VQ.
+    fn vring_allowed(&self, index: usize) -> bool {
+        let pairs = if self.acked_features.contains(feature::MQ) {
+            self.device.pairs() as usize
+        } else {
+            1
+        };
+        index < 2 * pairs || (index == 2 * pairs && self.acked_features.contains(feature::CTRL_VQ))
+    }
+
     /// Starts queue `index` if everything it needs is there.
     fn try_start(&mut self, index: usize) -> VuResult<()> {
         let (Some(mem), Some(v)) = (self.mem.clone(), self.vrings.get(index)) else {
@@ -109,6 +121,13 @@ impl Connection {
         };
         if v.running || !v.enabled || v.kick.is_none() {
             return Ok(());
+        }
+        if !self.vring_allowed(index) {
+            tracing::warn!(
+                queue = index,
+                "no such virtqueue under the negotiated features"
+            );
+            return Err(invalid("virtqueue not covered by the negotiated features"));
         }
         let Some((desc, avail, used)) = v.addrs else {
             return Ok(());
@@ -162,26 +181,36 @@ impl Connection {
         }
     }
 
-    /// Stops queue `index` if it runs, keeping its next avail index as the new base.
-    fn stop(&mut self, index: usize) {
+    /// Stops queue `index` if it runs, keeping its next avail index as the new base. A worker
+    /// that does not answer leaves the base unknown: the connection must close rather than
+    /// carry on from a stale one.
+    fn stop(&mut self, index: usize) -> VuResult<()> {
         let Some(id) = self.queue_id(index) else {
-            return;
+            return Ok(());
         };
         let Some(v) = self.vrings.get_mut(index) else {
-            return;
+            return Ok(());
         };
         if v.running {
             v.running = false;
-            if let Some(next) = self.device.worker(id).stop(id) {
-                v.base = next;
+            match self.device.worker(id).stop(id) {
+                Ok(Some(next)) => v.base = next,
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::error!(error = %e, "closing the connection");
+                    self.must_disconnect = true;
+                    return Err(invalid("a queue's worker did not stop"));
+                }
             }
         }
+        Ok(())
     }
 
     /// Stops every queue: the frontend went away or reset the device.
     pub fn stop_all(&mut self) {
         for i in 0..self.vrings.len() {
-            self.stop(i);
+            // A hung worker is logged by `stop`; the other queues are stopped all the same.
+            let _ = self.stop(i);
         }
     }
 
@@ -284,11 +313,17 @@ impl VhostUserBackendReqHandlerMut for Connection {
             .filter(|&i| self.vrings[i].running)
             .collect();
         for &i in &running {
-            self.stop(i);
+            self.stop(i)?;
         }
         self.mem = Some(Arc::new(mem));
-        for i in running {
+        for &i in &running {
             self.try_start(i)?;
+        }
+        // Queues whose kick and enable came before any memory table start now.
+        for i in (0..self.vrings.len()).filter(|i| !running.contains(i)) {
+            if let Err(e) = self.try_start(i) {
+                tracing::warn!(queue = i, error = %e, "queue not started with the new memory");
+            }
         }
         Ok(None)
     }
@@ -344,7 +379,7 @@ impl VhostUserBackendReqHandlerMut for Connection {
             self.must_disconnect = true;
             return Err(VuError::InvalidParam);
         }
-        self.stop(index as usize);
+        self.stop(index as usize)?;
         let v = &mut self.vrings[index as usize];
         // The queue is stopped until the next SET_VRING_KICK (vhost-user spec).
         v.kick = None;
@@ -353,7 +388,7 @@ impl VhostUserBackendReqHandlerMut for Connection {
 
     fn set_vring_kick(&mut self, index: u8, fd: Option<File>) -> VuResult<()> {
         let i = index as usize;
-        self.stop(i);
+        self.stop(i)?;
         self.vring(index as u32)?.kick = Self::new_fd(fd);
         self.try_start(i)
     }
@@ -362,7 +397,7 @@ impl VhostUserBackendReqHandlerMut for Connection {
         let i = index as usize;
         let running = self.vring(index as u32)?.running;
         if running {
-            self.stop(i);
+            self.stop(i)?;
         }
         self.vring(index as u32)?.call = Self::new_fd(fd);
         if running {
@@ -375,7 +410,7 @@ impl VhostUserBackendReqHandlerMut for Connection {
         let i = index as usize;
         let running = self.vring(index as u32)?.running;
         if running {
-            self.stop(i);
+            self.stop(i)?;
         }
         self.vring(index as u32)?.err = Self::new_fd(fd);
         if running {
@@ -411,8 +446,7 @@ impl VhostUserBackendReqHandlerMut for Connection {
         if enable {
             self.try_start(i)
         } else {
-            self.stop(i);
-            Ok(())
+            self.stop(i)
         }
     }
 
@@ -653,7 +687,64 @@ mod tests {
         assert_eq!((index, num), (TX0, 1));
         let v = &s.conn.vrings[TX0 as usize];
         assert!(!v.running && v.kick.is_none());
-        assert_eq!(s.device.worker(QueueId::Tx(0)).stop(QueueId::Tx(0)), None);
+        assert_eq!(
+            s.device.worker(QueueId::Tx(0)).stop(QueueId::Tx(0)),
+            Ok(None)
+        );
+    }
+
+    /// Everything virtqueue `index` needs but the memory table, as a frontend may send it.
+    fn set_up_without_memory(s: &mut Setup, index: u32) -> (EventFd, EventFd) {
+        s.conn
+            .set_vring_num(index, Frontend::QUEUE_SIZE as u32)
+            .unwrap();
+        s.front
+            .set_vring_addr(&mut s.conn, index, Frontend::rings(index))
+            .unwrap();
+        s.conn.set_vring_base(index, 0).unwrap();
+        let (kick, call) = (
+            EventFd::new(EFD_NONBLOCK).unwrap(),
+            EventFd::new(EFD_NONBLOCK).unwrap(),
+        );
+        s.conn
+            .set_vring_call(index as u8, Some(eventfd_file(&call)))
+            .unwrap();
+        (kick, call)
+    }
+
+    #[test]
+    fn a_queue_whose_kick_came_before_the_memory_table_starts_with_it() {
+        let mut s = setup();
+        s.conn.set_features(Features::VERSION_1.0).unwrap();
+        let (kick, _call) = set_up_without_memory(&mut s, TX0);
+        s.conn
+            .set_vring_kick(TX0 as u8, Some(eventfd_file(&kick)))
+            .unwrap();
+        assert!(!s.conn.vrings[TX0 as usize].running, "no memory yet");
+        s.front.set_mem_table(&mut s.conn).unwrap();
+        assert!(s.conn.vrings[TX0 as usize].running);
+    }
+
+    #[test]
+    fn a_virtqueue_the_negotiated_features_do_not_have_is_refused() {
+        let mut s = setup();
+        // Without CTRL_VQ there is no virtqueue 2 (the control queue of a one-pair device).
+        s.conn.set_features(Features::VERSION_1.0).unwrap();
+        s.front.set_mem_table(&mut s.conn).unwrap();
+        let (kick, _call) = set_up_without_memory(&mut s, 2);
+        assert!(matches!(
+            s.conn.set_vring_kick(2, Some(eventfd_file(&kick))),
+            Err(VuError::InvalidOperation(_))
+        ));
+        assert!(!s.conn.vrings[2].running);
+        // With it, the same set-up starts the control queue.
+        let ctrl = Features::VERSION_1 | vnet::feature::CTRL_VQ;
+        let mut s = setup();
+        s.conn.set_features(ctrl.0).unwrap();
+        s.front.set_mem_table(&mut s.conn).unwrap();
+        let (kick, _call) = set_up_without_memory(&mut s, 2);
+        s.conn.set_vring_kick(2, Some(eventfd_file(&kick))).unwrap();
+        assert!(s.conn.vrings[2].running);
     }
 
     #[test]

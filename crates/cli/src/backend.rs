@@ -40,7 +40,7 @@ pub struct BackendArgs {
     /// Frame size of the null generator, in bytes (Ethernet header included).
     #[arg(long, default_value_t = 64)]
     size: usize,
-    /// Queue pairs.
+    /// Queue pairs (1 to 127: vhost-user names a virtqueue in 8 bits, the control queue last).
     #[arg(long, default_value_t = 1)]
     queues: u16,
     #[arg(long, default_value = "52:54:00:12:34:56")]
