@@ -24,6 +24,18 @@ const PREFETCH_LINES: usize = 16;
 /// more than the queue holds: a frame that needs more is dropped, not waited for.
 const MAX_MERGED_BUFFERS: usize = 1024;
 
+/// What became of one frame offered to guest rx.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Delivery {
+    /// In the guest's buffers.
+    Delivered,
+    /// Consumed and counted, not delivered: the receive filter refused it (`filtered`), or
+    /// the posted buffers can never hold it (`dropped`).
+    Dropped,
+    /// Not enough buffers posted yet: nothing consumed.
+    NoRoom,
+}
+
 /// The rx queue of one pair and where its last delivery stopped.
 #[derive(Debug, Default)]
 pub struct RxPath {
@@ -111,14 +123,14 @@ impl RxPath {
     }
 
     /// Puts one frame (virtio-net header first, `frame[..hdr_len]`) into the rx queue, merging
-    /// buffers when MRG_RXBUF is negotiated. Returns false when there are not enough buffers
-    /// (nothing is consumed). A frame that more buffers than [`MAX_MERGED_BUFFERS`] (or the
+    /// buffers when MRG_RXBUF is negotiated ([`Delivery`] says what became of it; with too few
+    /// buffers nothing is consumed). A frame that more buffers than [`MAX_MERGED_BUFFERS`] (or the
     /// queue size) could not hold is dropped and counted. An rx chain with no writable bytes
     /// is the guest's error, as in vhost_net ("unexpected descriptor format for RX"). The
     /// caller has checked that the queue is usable.
-    pub fn deliver(&mut self, shared: &Shared, frame: &mut [u8]) -> Result<bool, RingError> {
+    pub fn deliver(&mut self, shared: &Shared, frame: &mut [u8]) -> Result<Delivery, RingError> {
         let Some(rx) = self.queue.as_mut() else {
-            return Ok(false);
+            return Ok(Delivery::NoRoom);
         };
         deliver(shared, rx, frame, &mut self.chains)
     }
@@ -207,12 +219,12 @@ fn deliver(
     rx: &mut QueueRuntime,
     frame: &mut [u8],
     chains: &mut Vec<Chain>,
-) -> Result<bool, RingError> {
+) -> Result<Delivery, RingError> {
     let features = rx.queue.config().features();
     let hdr_len = vnet::hdr_len(features);
     if !shared.accepts(frame.get(hdr_len..).unwrap_or(&[])) {
         rx.counters.filtered.add(1);
-        return Ok(true); // Consumed: dropped by the filter.
+        return Ok(Delivery::Dropped);
     }
     let mergeable = features.contains(feature::MRG_RXBUF);
     let need = frame.len() as u64;
@@ -224,14 +236,14 @@ fn deliver(
             // More buffers than a frame may take, and still short: the frame cannot fit.
             rx.queue.undo_pop(used as u16);
             rx.counters.dropped.add(1);
-            return Ok(true);
+            return Ok(Delivery::Dropped);
         }
         if chains.len() <= used {
             chains.push(Chain::new());
         }
         if !rx.queue.pop_into(&mut chains[used])? {
             rx.queue.undo_pop(used as u16);
-            return Ok(false);
+            return Ok(Delivery::NoRoom);
         }
         if chains[used].writable_len() == 0 {
             return Err(RingError::NoWritableBytes {
@@ -245,7 +257,7 @@ fn deliver(
             // the buffer for the next one.
             rx.queue.undo_pop(1);
             rx.counters.dropped.add(1);
-            return Ok(true);
+            return Ok(Delivery::Dropped);
         }
     }
     if mergeable && frame.len() >= vnet::HDR_LEN {
@@ -260,7 +272,7 @@ fn deliver(
         rest = &rest[n..];
         rx.queue.add_used(c.head(), n as u32)?;
     }
-    Ok(true)
+    Ok(Delivery::Delivered)
 }
 
 /// Copies `data` into the writable segments of `chain`; returns the bytes written.
@@ -307,7 +319,7 @@ mod tests {
         let (mut rx, mut driver, mem) = rx_path(MRG);
         post_rx(&mut driver, 4, 1024);
         let mut f = frame(3000);
-        assert!(rx.deliver(&shared(), &mut f).unwrap());
+        assert_eq!(rx.deliver(&shared(), &mut f), Ok(Delivery::Delivered));
         rx.queue.as_mut().unwrap().queue.flush();
         assert_eq!(used(&mut driver), [(0, 1024), (1, 1024), (2, 952)]);
         // num_buffers, in the first buffer's header.
@@ -323,9 +335,15 @@ mod tests {
     fn too_few_buffers_consume_nothing() {
         let (mut rx, mut driver, _mem) = rx_path(MRG);
         post_rx(&mut driver, 2, 1024);
-        assert!(!rx.deliver(&shared(), &mut frame(3000)).unwrap());
+        assert_eq!(
+            rx.deliver(&shared(), &mut frame(3000)),
+            Ok(Delivery::NoRoom)
+        );
         // The two buffers are still there for a frame that fits.
-        assert!(rx.deliver(&shared(), &mut frame(2000)).unwrap());
+        assert_eq!(
+            rx.deliver(&shared(), &mut frame(2000)),
+            Ok(Delivery::Delivered)
+        );
         rx.queue.as_mut().unwrap().queue.flush();
         assert_eq!(used(&mut driver), [(0, 1024), (1, 976)]);
     }
@@ -334,12 +352,18 @@ mod tests {
     fn without_mergeable_buffers_a_long_frame_is_dropped_and_the_buffer_kept() {
         let (mut rx, mut driver, _mem) = rx_path(Features::VERSION_1);
         post_rx(&mut driver, 1, 1024);
-        assert!(rx.deliver(&shared(), &mut frame(2000)).unwrap());
+        assert_eq!(
+            rx.deliver(&shared(), &mut frame(2000)),
+            Ok(Delivery::Dropped)
+        );
         let q = rx.queue.as_mut().unwrap();
         assert_eq!(q.counters.dropped.get(), 1);
         q.queue.flush();
         assert!(used(&mut driver).is_empty());
-        assert!(rx.deliver(&shared(), &mut frame(100)).unwrap());
+        assert_eq!(
+            rx.deliver(&shared(), &mut frame(100)),
+            Ok(Delivery::Delivered)
+        );
         rx.queue.as_mut().unwrap().queue.flush();
         assert_eq!(used(&mut driver), [(0, 100)]);
     }
@@ -352,7 +376,7 @@ mod tests {
         s.promisc.store(false, Relaxed);
         let mut f = frame(100);
         f[vnet::HDR_LEN..vnet::HDR_LEN + 6].copy_from_slice(&[0x02, 1, 2, 3, 4, 5]);
-        assert!(rx.deliver(&s, &mut f).unwrap());
+        assert_eq!(rx.deliver(&s, &mut f), Ok(Delivery::Dropped));
         let q = rx.queue.as_ref().unwrap();
         assert_eq!(q.counters.filtered.get(), 1);
         // A burst refuses the frame too, and leaves it to `deliver`.
@@ -381,12 +405,18 @@ mod tests {
         let (mut rx, mut driver, _mem) = rx_path(MRG);
         // The queue (16 entries) full of 64-byte buffers: 1024 bytes in all.
         post_rx(&mut driver, 16, 64);
-        assert!(rx.deliver(&shared(), &mut frame(2000)).unwrap());
+        assert_eq!(
+            rx.deliver(&shared(), &mut frame(2000)),
+            Ok(Delivery::Dropped)
+        );
         let q = rx.queue.as_mut().unwrap();
         assert_eq!(q.counters.dropped.get(), 1);
         q.queue.flush();
         assert!(used(&mut driver).is_empty(), "the buffers are kept");
-        assert!(rx.deliver(&shared(), &mut frame(100)).unwrap());
+        assert_eq!(
+            rx.deliver(&shared(), &mut frame(100)),
+            Ok(Delivery::Delivered)
+        );
         rx.queue.as_mut().unwrap().queue.flush();
         assert_eq!(used(&mut driver), [(0, 64), (1, 36)]);
     }

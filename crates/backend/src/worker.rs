@@ -291,6 +291,7 @@ impl<H: Host> Worker<H> {
             return turn;
         }
         let mut bytes = 0u64;
+        let mut delivered = 0;
         let result: Result<(), RingError> = loop {
             let Some(rx) = self.rx.queue.as_ref() else {
                 break Ok(());
@@ -300,9 +301,10 @@ impl<H: Host> Worker<H> {
             }
             let room = WEIGHT_PACKETS - turn.frames;
             match self.host.receive(&mut self.rx, &self.shared, room) {
-                Ok(r) if r.frames == 0 => break Ok(()),
+                Ok(r) if r.frames + r.dropped == 0 => break Ok(()),
                 Ok(r) => {
-                    turn.frames += r.frames;
+                    delivered += r.frames;
+                    turn.frames += r.frames + r.dropped;
                     bytes += r.bytes;
                 }
                 Err(e) => break Err(e),
@@ -312,11 +314,11 @@ impl<H: Host> Worker<H> {
             return turn;
         };
         let c = &rx.counters;
-        c.packets.add(turn.frames as u64);
+        c.packets.add(delivered as u64);
         c.bytes.add(bytes);
         match result {
             Ok(()) => {
-                if turn.frames > 0 && rx.usable() {
+                if delivered > 0 && rx.usable() {
                     notify(rx);
                 }
             }
@@ -360,7 +362,9 @@ impl<H: Host> Worker<H> {
             if self.inbox.pending() {
                 break PollExit::OtherWork;
             }
-            if self.tx_pending() {
+            // A loopback's tx is work only when rx can take it: else polling tx would find
+            // the same frame there on every spin and never sleep.
+            if self.tx_pending() && (!H::LOOPBACK || self.rx_can_take()) {
                 break PollExit::Hit;
             }
             // Poll the host side for rx while waiting on tx, when the guest has posted
@@ -435,10 +439,16 @@ impl<H: Host> Worker<H> {
         }
     }
 
+    /// Whether guest rx can take a frame now: it runs, its pair is active, and the guest has
+    /// posted buffers since it last lacked room.
+    fn rx_can_take(&mut self) -> bool {
+        self.active() && !self.rx.still_blocked() && self.rx.has_buffers()
+    }
+
     /// Whether a queue has something to do right now, given the host port.
     fn has_runnable_work(&mut self) -> bool {
         let tx = self.tx_pending();
-        let rx_bufs = self.active() && !self.rx.still_blocked() && self.rx.has_buffers();
+        let rx_bufs = self.rx_can_take();
         if H::LOOPBACK {
             tx && rx_bufs
         } else {

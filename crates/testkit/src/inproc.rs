@@ -79,6 +79,11 @@ pub struct Pair {
 }
 
 pub fn connect(b: &Backend, wanted: Features) -> Pair {
+    connect_rx(b, wanted, 1536)
+}
+
+/// Like [`connect`], with rx buffers of `rx_buf` bytes.
+pub fn connect_rx(b: &Backend, wanted: Features, rx_buf: u32) -> Pair {
     let mut conn = Connection::connect(
         &b.socket,
         2,
@@ -90,11 +95,33 @@ pub fn connect(b: &Backend, wanted: Features) -> Pair {
     )
     .unwrap();
     let mem = conn.mem.clone();
-    let rx = RxQueue::new(&conn.queues[0], &mem, &mut conn.alloc, 1536).unwrap();
+    let rx = RxQueue::new(&conn.queues[0], &mem, &mut conn.alloc, rx_buf).unwrap();
     let tx = TxQueue::new(&conn.queues[1], &mem, &mut conn.alloc, 4096).unwrap();
     conn.start_queue(0).unwrap();
     conn.start_queue(1).unwrap();
     Pair { conn, rx, tx }
+}
+
+/// CPU time (user and system, in clock ticks, 100 a second) of this process's threads named
+/// `name`, summed: how a test sees whether a worker spins.
+pub fn thread_cpu_ticks(name: &str) -> u64 {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return 0;
+    };
+    let mut total = 0;
+    for task in tasks.flatten() {
+        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        if comm.trim_end() != name {
+            continue;
+        }
+        let stat = std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
+        // After the parenthesised name: state, then 10 fields, then utime and stime.
+        let Some(at) = stat.rfind(')') else { continue };
+        let f: Vec<&str> = stat[at + 2..].split(' ').collect();
+        let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+        total += ticks(11) + ticks(12);
+    }
+    total
 }
 
 pub fn frame(i: u32, len: usize) -> Vec<u8> {

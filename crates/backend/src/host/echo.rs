@@ -4,7 +4,7 @@
 use vring::{Chain, Error as RingError, GuestMemory};
 
 use super::{Host, Received, Sent};
-use crate::rx::RxPath;
+use crate::rx::{Delivery, RxPath};
 use crate::shared::Shared;
 
 /// The largest frame echoed: a 64 KiB GSO frame and its header.
@@ -38,7 +38,7 @@ impl Host for EchoPort {
     ) -> Result<Sent, RingError> {
         let n = read_chain(mem, chain, &mut self.bounce)?;
         match rx.deliver(shared, &mut self.bounce[..n]) {
-            Ok(true) => {
+            Ok(Delivery::Delivered) => {
                 let hdr_len = rx.hdr_len();
                 if let Some(q) = rx.queue.as_ref() {
                     let c = &q.counters;
@@ -47,7 +47,9 @@ impl Host for EchoPort {
                 }
                 Ok(Sent::Taken)
             }
-            Ok(false) => Ok(Sent::Later),
+            // Counted by the rx path; the tx frame is consumed.
+            Ok(Delivery::Dropped) => Ok(Sent::Taken),
+            Ok(Delivery::NoRoom) => Ok(Sent::Later),
             Err(e) => {
                 rx.fail(e);
                 Ok(Sent::Taken) // The tx chain is consumed and dropped.

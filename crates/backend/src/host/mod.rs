@@ -32,12 +32,15 @@ pub enum Sent {
     Later,
 }
 
-/// Frames one `receive` call put into guest rx.
+/// Frames one `receive` call handled.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Received {
+    /// Frames put into guest rx, and their bytes, headers excluded.
     pub frames: usize,
-    /// Frame bytes, headers excluded.
     pub bytes: u64,
+    /// Host frames consumed but not delivered (filtered, or too large for every buffer the
+    /// guest could post): counted by the rx path, and against the turn's weight.
+    pub dropped: usize,
 }
 
 /// A pair's host side, as its worker drives it. Ring errors returned break the queue the

@@ -5,7 +5,7 @@ use vring::{Chain, Error as RingError, GuestMemory};
 
 use super::{Host, Received, Sent};
 use crate::queue::QueueRuntime;
-use crate::rx::RxPath;
+use crate::rx::{Delivery, RxPath};
 use crate::shared::Shared;
 use vnet::NetHdr;
 
@@ -69,12 +69,18 @@ impl Host for NullPort {
     ) -> Result<Received, RingError> {
         let payload = self.frame.len().saturating_sub(rx.hdr_len()) as u64;
         let mut frames = rx.deliver_burst(shared, &mut self.frame, room)?;
-        if frames == 0 && rx.deliver(shared, &mut self.frame)? {
-            frames = 1;
+        if frames == 0 {
+            match rx.deliver(shared, &mut self.frame)? {
+                Delivery::Delivered => frames = 1,
+                // The same frame again would not fit either: wait for the guest to post more,
+                // rather than spin on buffers that cannot take it.
+                Delivery::Dropped | Delivery::NoRoom => rx.block(),
+            }
         }
         Ok(Received {
             frames,
             bytes: frames as u64 * payload,
+            dropped: 0,
         })
     }
 

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use vring::{Chain, Error as RingError, GuestMemory};
 
 use super::{Host, Received, Sent};
-use crate::rx::RxPath;
+use crate::rx::{Delivery, RxPath};
 use crate::shared::Shared;
 use virtnet_sys::tap::TapQueue;
 
@@ -93,15 +93,22 @@ impl Host for TapPort {
                 n
             }
         };
-        if !rx.deliver(shared, &mut self.bounce[..n])? {
-            // Too few buffers for this frame: keep it until the guest posts more.
-            self.pending = Some(n);
-            rx.block();
-            return Ok(Received::default());
-        }
-        Ok(Received {
-            frames: 1,
-            bytes: n.saturating_sub(rx.hdr_len()) as u64,
+        Ok(match rx.deliver(shared, &mut self.bounce[..n])? {
+            Delivery::Delivered => Received {
+                frames: 1,
+                bytes: n.saturating_sub(rx.hdr_len()) as u64,
+                dropped: 0,
+            },
+            Delivery::Dropped => Received {
+                dropped: 1,
+                ..Received::default()
+            },
+            Delivery::NoRoom => {
+                // Too few buffers for this frame: keep it until the guest posts more.
+                self.pending = Some(n);
+                rx.block();
+                Received::default()
+            }
         })
     }
 
