@@ -54,6 +54,14 @@ vnet::counters! {
         calls_coalesced,
         /// Frames the receive filter (promisc off, MAC) dropped.
         filtered,
+        /// tx frames refused before the TAP for their virtio-net header, by reason: shorter
+        /// than the header, flags a driver must not set, an offload not negotiated, a
+        /// checksum outside the frame, a bad GSO type, size or header length.
+        hdr_short,
+        hdr_bad_flags,
+        hdr_not_negotiated,
+        hdr_bad_csum,
+        hdr_bad_gso,
         /// Control commands handled, and those refused (ack ERR).
         ctrl_commands,
         ctrl_errors,
@@ -61,6 +69,19 @@ vnet::counters! {
 }
 
 impl QueueCounters {
+    /// Counts a tx header refused, by reason.
+    pub fn hdr_refused(&self, why: &vnet::TxHdrError) {
+        use vnet::TxHdrError::*;
+        let c = match why {
+            Short => &self.hdr_short,
+            Flags(_) => &self.hdr_bad_flags,
+            NotNegotiated => &self.hdr_not_negotiated,
+            Csum { .. } => &self.hdr_bad_csum,
+            Gso { .. } => &self.hdr_bad_gso,
+        };
+        c.add(1);
+    }
+
     /// Counts why a busy poll ended.
     pub fn poll_exit(&self, why: PollExit) {
         let f = match why {

@@ -251,6 +251,10 @@ impl<H: Host> Worker<H> {
             match sent {
                 Ok(Sent::Taken) => {}
                 Ok(Sent::Dropped) => tx.counters.dropped.add(1),
+                Ok(Sent::Refused(why)) => {
+                    tx.counters.dropped.add(1);
+                    tx.counters.hdr_refused(&why);
+                }
                 Ok(Sent::Later) => {
                     // No room in rx: leave the frame on tx until the guest posts more.
                     tx.queue.undo_pop(1);

@@ -30,6 +30,9 @@ pub enum Sent {
     Dropped,
     /// Not now: the frame stays on the tx ring (a loopback port without rx room).
     Later,
+    /// The frame's virtio-net header is one a driver must not send: consumed, counted as
+    /// dropped and by reason.
+    Refused(vnet::TxHdrError),
 }
 
 /// Frames one `receive` call handled.

@@ -1,8 +1,10 @@
 //! The `tap` port: guest frames to and from one queue of a multi-queue TAP device, with the
 //! virtio-net header on every frame (IFF_VNET_HDR), so offloads pass through unchanged.
 //!
-//! tx writes each frame straight from guest memory (one writev); a chain of more segments
-//! than one writev takes is dropped and counted, never cut short. rx reads each frame into a
+//! tx checks each frame's virtio-net header against the negotiated features and the frame
+//! (a header a driver must not send is dropped and counted by reason), then writes the frame
+//! straight from guest memory (one writev); a chain of more segments than one writev takes is
+//! dropped and counted, never cut short. rx reads each frame into a
 //! bounce buffer and copies it into guest buffers; a frame that does not fit the posted
 //! buffers waits here, as vhost_net leaves it queued, until the guest posts more.
 
@@ -10,7 +12,8 @@ use std::os::fd::{AsRawFd, RawFd};
 
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
-use vring::{Chain, Error as RingError, GuestMemory};
+use vnet::{NetHdr, TxHdrError};
+use vring::{Chain, Error as RingError, Features, GuestMemory};
 
 use super::{Host, Received, Sent};
 use crate::rx::{Delivery, RxPath};
@@ -39,6 +42,32 @@ impl TapPort {
     }
 }
 
+/// Reads the virtio-net header at the start of `chain`'s readable part and checks it against
+/// the negotiated `features` and the frame after it. The outer error is a ring error (a
+/// segment outside memory breaks the queue); the inner one, a header the TAP must not get.
+fn check_header(
+    mem: &GuestMemory,
+    chain: &Chain,
+    features: Features,
+) -> Result<Result<(), TxHdrError>, RingError> {
+    let hdr_len = vnet::hdr_len(features);
+    let total = chain.readable_len() as usize;
+    if total < hdr_len {
+        return Ok(Err(TxHdrError::Short));
+    }
+    let mut bytes = [0u8; vnet::HDR_LEN];
+    let mut at = 0;
+    for s in chain.readable() {
+        if at == hdr_len {
+            break;
+        }
+        let n = (s.len as usize).min(hdr_len - at);
+        mem.read(s.addr, &mut bytes[at..at + n])?;
+        at += n;
+    }
+    Ok(NetHdr::from_bytes(&bytes).check_tx(features, total - hdr_len))
+}
+
 impl Host for TapPort {
     const POLL_EVERY: u32 = 8;
 
@@ -51,8 +80,13 @@ impl Host for TapPort {
         mem: &GuestMemory,
         chain: &Chain,
         _rx: &mut RxPath,
-        _shared: &Shared,
+        shared: &Shared,
     ) -> Result<Sent, RingError> {
+        // The kernel's virtio_net_hdr_to_skb trusts the header: check it first.
+        let features = Features(shared.features.load(Relaxed));
+        if let Err(why) = check_header(mem, chain, features)? {
+            return Ok(Sent::Refused(why));
+        }
         match self.tap.write_frame(mem, chain.readable()) {
             Ok(Ok(_)) => Ok(Sent::Taken),
             Ok(Err(_)) => Ok(Sent::Dropped),
@@ -122,5 +156,68 @@ impl Host for TapPort {
 
     fn fd(&self) -> Option<RawFd> {
         Some(self.tap.as_raw_fd())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use testkit::Pair;
+    use vnet::{feature, HDR_F_NEEDS_CSUM};
+    use vring::Buf;
+
+    use super::*;
+    use crate::queue::QueueId;
+    use crate::testing::setup;
+
+    /// A tx chain: `hdr` then a `payload`-byte frame, the header split across two buffers.
+    fn chain(hdr: NetHdr, payload: u32) -> (Chain, crate::testing::Setup) {
+        let mut s = setup(QueueId::Tx(0), Features::VERSION_1);
+        let bytes = hdr.to_bytes();
+        s.mem.write(Pair::buf(0, 0).addr, &bytes[..4]).unwrap();
+        s.mem.write(Pair::buf(1, 0).addr, &bytes[4..]).unwrap();
+        let bufs = [
+            Pair::buf(0, 4),
+            Pair::buf(1, vnet::HDR_LEN as u32 - 4),
+            Pair::buf(2, payload),
+        ];
+        s.driver.add(&bufs, &[], 0).unwrap();
+        let c = s.runtime.queue.pop().unwrap().unwrap();
+        (c, s)
+    }
+
+    #[test]
+    fn a_tx_header_split_across_buffers_is_read_whole_and_checked() {
+        let csum = NetHdr {
+            flags: HDR_F_NEEDS_CSUM,
+            csum_start: 14,
+            csum_offset: 6,
+            ..NetHdr::default()
+        };
+        let with_csum = Features::VERSION_1 | feature::CSUM;
+        let (c, s) = chain(csum, 60);
+        let mem = s.runtime.queue.memory();
+        assert_eq!(check_header(mem, &c, with_csum), Ok(Ok(())));
+        // Without CSUM negotiated, or with the checksum past the frame: refused.
+        assert_eq!(
+            check_header(mem, &c, Features::VERSION_1),
+            Ok(Err(TxHdrError::NotNegotiated))
+        );
+        let (c, s) = chain(csum, 21);
+        let mem = s.runtime.queue.memory();
+        assert!(matches!(
+            check_header(mem, &c, with_csum),
+            Ok(Err(TxHdrError::Csum { .. }))
+        ));
+    }
+
+    #[test]
+    fn a_tx_chain_shorter_than_its_header_is_refused() {
+        let mut s = setup(QueueId::Tx(0), Features::VERSION_1);
+        s.driver
+            .add(&[Buf::new(Pair::buf(0, 0).addr, 8)], &[], 0)
+            .unwrap();
+        let c = s.runtime.queue.pop().unwrap().unwrap();
+        let got = check_header(s.runtime.queue.memory(), &c, Features::VERSION_1);
+        assert_eq!(got, Ok(Err(TxHdrError::Short)));
     }
 }
