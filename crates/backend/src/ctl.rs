@@ -7,12 +7,14 @@
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
 use std::os::unix::net::{UnixListener, UnixStream};
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
 use super::metrics::{prometheus, QueueReport};
+use super::session::accept_failed;
 use super::Device;
 
 #[derive(Debug, Deserialize, Serialize, PartialEq, Eq)]
@@ -73,20 +75,53 @@ fn serve_client(device: &Device, stream: UnixStream) {
     }
 }
 
-/// Serves `virtnet ctl` clients on `listener`, one thread per client.
+/// The most `virtnet ctl` clients served at once; one more is closed at once.
+pub const MAX_CTL_CLIENTS: usize = 16;
+
+/// Serves `virtnet ctl` clients on `listener`, one thread per client, at most
+/// [`MAX_CTL_CLIENTS`] at once.
 pub fn serve_ctl(device: Arc<Device>, listener: UnixListener) {
-    for stream in listener.incoming().flatten() {
-        let d = device.clone();
-        let _ = std::thread::Builder::new()
+    let clients = Arc::new(AtomicUsize::new(0));
+    for stream in listener.incoming() {
+        let stream = match stream {
+            Ok(s) => s,
+            Err(e) => {
+                accept_failed(&e);
+                continue;
+            }
+        };
+        if clients.fetch_add(1, SeqCst) >= MAX_CTL_CLIENTS {
+            clients.fetch_sub(1, SeqCst);
+            tracing::warn!("too many ctl clients; closing the newest");
+            continue;
+        }
+        let (d, c) = (device.clone(), clients.clone());
+        let spawned = std::thread::Builder::new()
             .name("virtnet-ctl".into())
-            .spawn(move || serve_client(&d, stream));
+            .spawn(move || {
+                serve_client(&d, stream);
+                c.fetch_sub(1, SeqCst);
+            });
+        if spawned.is_err() {
+            clients.fetch_sub(1, SeqCst);
+        }
     }
 }
 
 /// Serves `GET /metrics` in the Prometheus text format; anything else gets a 404.
 pub fn serve_metrics(device: Arc<Device>, listener: TcpListener) {
-    for mut stream in listener.incoming().flatten() {
+    for stream in listener.incoming() {
+        let mut stream = match stream {
+            Ok(s) => s,
+            Err(e) => {
+                accept_failed(&e);
+                continue;
+            }
+        };
+        // One client at a time: neither a silent one nor one that never reads may hold the
+        // endpoint for long.
         let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
+        let _ = stream.set_write_timeout(Some(Duration::from_secs(5)));
         let mut buf = [0u8; 2048];
         let n = stream.read(&mut buf).unwrap_or(0);
         let head = String::from_utf8_lossy(&buf[..n]);

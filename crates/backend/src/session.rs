@@ -34,6 +34,8 @@ pub struct Session {
     stream: UnixStream,
     status: status::Status,
     device: Arc<Device>,
+    /// Until the first request is handled, reads time out ([`FIRST_REQUEST_TIMEOUT`]).
+    awaiting_first: bool,
 }
 
 impl std::fmt::Debug for Session {
@@ -49,6 +51,8 @@ impl Session {
     /// A fresh connection: the device is reset to its defaults.
     pub(crate) fn new(device: &Arc<Device>, stream: UnixStream) -> io::Result<Session> {
         device.reset();
+        // The socket's timeout is the connection's, whichever clone sets it.
+        stream.set_read_timeout(Some(FIRST_REQUEST_TIMEOUT))?;
         let conn = Arc::new(Mutex::new(vhost::Connection::new(device.clone())));
         Ok(Session {
             stream: stream.try_clone()?,
@@ -56,6 +60,7 @@ impl Session {
             conn,
             status: status::Status::default(),
             device: device.clone(),
+            awaiting_first: true,
         })
     }
 
@@ -99,6 +104,12 @@ impl Session {
         };
         if !open {
             self.close();
+        } else if std::mem::take(&mut self.awaiting_first) {
+            // A frontend may go quiet for as long as it likes once it has spoken (QEMU waits
+            // for its guest's driver before it sets up any queue).
+            if let Err(e) = self.stream.set_read_timeout(None) {
+                tracing::warn!(error = %e, "cannot clear the socket's read timeout");
+            }
         }
         open
     }
@@ -165,11 +176,28 @@ pub fn serve(device: Arc<Device>, listener: UnixListener, stop: Arc<AtomicBool>)
                 tracing::info!("frontend connected");
                 serve_connection(&device, s);
             }
-            Err(e) => tracing::warn!(error = %e, "accept failed"),
+            Err(e) => accept_failed(&e),
         }
     }
     Ok(())
 }
+
+/// After a failed accept: out of descriptors or memory (EMFILE, ENFILE, ENOBUFS, ENOMEM) the
+/// next accept fails the same way at once, so wait a little instead of spinning.
+pub(crate) fn accept_failed(e: &io::Error) {
+    tracing::warn!(error = %e, "accept failed");
+    let exhausted = [libc::EMFILE, libc::ENFILE, libc::ENOBUFS, libc::ENOMEM];
+    if e.raw_os_error().is_some_and(|c| exhausted.contains(&c)) {
+        std::thread::sleep(ACCEPT_BACKOFF);
+    }
+}
+
+/// How long an accept loop waits after running out of descriptors or memory.
+pub(crate) const ACCEPT_BACKOFF: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// How long a new frontend has to send its first request: one that connects and says nothing
+/// must not keep the next one waiting (frontends are served one at a time).
+pub const FIRST_REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 #[cfg(test)]
 mod tests {

@@ -76,6 +76,10 @@ pub fn run(args: BackendArgs) -> Result<(), Box<dyn std::error::Error>> {
         println!("{{\n  \"type\": \"net\"\n}}");
         return Ok(());
     }
+    match virtnet_sys::raise_nofile_limit() {
+        Ok(n) => tracing::debug!(open_files = n, "open file limit"),
+        Err(e) => tracing::warn!(error = %e, "cannot raise the open file limit"),
+    }
     let io = match (args.io, &args.tap) {
         (None | Some(IoKind::Tap), Some(name)) => IoMode::Tap(name.clone()),
         (Some(IoKind::Tap), None) => return Err("--io tap needs --tap NAME".into()),

@@ -104,6 +104,29 @@ fn socket_option(fd: BorrowedFd<'_>, name: libc::c_int) -> io::Result<libc::c_in
     Ok(value)
 }
 
+/// Raises the soft limit on open files to the hard limit, and returns it: a device of many
+/// pairs holds several descriptors per queue (kick, call, err, TAP, epoll, timers), more than
+/// the usual soft limit of 1024 allows at 127 pairs.
+pub fn raise_nofile_limit() -> io::Result<u64> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `lim` is a valid, writable rlimit.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if lim.rlim_cur < lim.rlim_max {
+        lim.rlim_cur = lim.rlim_max;
+        // SAFETY: `lim` is a valid rlimit; raising the soft limit up to the hard one is
+        // always allowed.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(lim.rlim_cur)
+}
+
 /// Pins the calling thread to `cpu`.
 pub fn pin_thread(cpu: usize) -> io::Result<()> {
     if cpu >= libc::CPU_SETSIZE as usize {
@@ -228,6 +251,18 @@ pub fn peek(socket: &std::os::unix::net::UnixStream, buf: &mut [u8]) -> io::Resu
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_open_file_limit_is_raised_to_the_hard_limit() {
+        let n = raise_nofile_limit().unwrap();
+        let mut lim = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: `lim` is a valid, writable rlimit.
+        assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) }, 0);
+        assert_eq!((lim.rlim_cur, n), (lim.rlim_max, lim.rlim_max));
+    }
     use std::io::{Read, Write};
     use std::os::unix::net::UnixStream;
 
