@@ -95,6 +95,21 @@ impl QueueRuntime {
         }
     }
 
+    /// Whether the driver has made chains available; false on a queue that is not usable. A
+    /// ring error breaks the queue (and reads as nothing available).
+    pub fn avail_pending(&mut self) -> bool {
+        if !self.usable() {
+            return false;
+        }
+        match self.queue.avail_pending() {
+            Ok(p) => p,
+            Err(e) => {
+                break_queue(self, &e.into());
+                false
+            }
+        }
+    }
+
     /// Consumes a kick: reads the kick eventfd and counts it.
     pub fn take_kick(&self) {
         if self.kick.read().is_ok() {

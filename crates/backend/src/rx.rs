@@ -83,16 +83,7 @@ impl RxPath {
     /// Whether the guest has posted buffers (false without a usable queue). A ring error
     /// breaks the queue.
     pub fn has_buffers(&mut self) -> bool {
-        let Some(q) = self.usable() else {
-            return false;
-        };
-        match q.queue.avail_pending() {
-            Ok(p) => p,
-            Err(e) => {
-                self.fail(e);
-                false
-            }
-        }
+        self.queue.as_mut().is_some_and(QueueRuntime::avail_pending)
     }
 
     /// Records that rx lacked room at the current avail index.

@@ -333,16 +333,7 @@ impl<H: Host> Worker<H> {
 
     /// Whether the tx ring has frames; a ring error breaks tx.
     fn tx_pending(&mut self) -> bool {
-        let Some(tx) = self.tx.as_mut().filter(|q| q.usable()) else {
-            return false;
-        };
-        match tx.queue.avail_pending() {
-            Ok(p) => p,
-            Err(e) => {
-                break_queue(tx, &e.into());
-                false
-            }
-        }
+        self.tx.as_mut().is_some_and(QueueRuntime::avail_pending)
     }
 
     /// Spins with notifications off until work shows up, other work is pending, the CPU is
