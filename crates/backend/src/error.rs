@@ -18,6 +18,14 @@ pub enum Error {
         #[source]
         source: vring::Error,
     },
+    /// A notification fd the frontend sent misbehaved: a write to it blocked until the
+    /// watchdog interrupted it (the frontend cleared `O_NONBLOCK` and filled the counter).
+    #[error("frontend: {what}: {source}")]
+    PeerFd {
+        what: &'static str,
+        #[source]
+        source: io::Error,
+    },
     /// A host operation the queue needs failed (epoll, a TAP ioctl).
     #[error("host: {op}: {source}")]
     Host {
@@ -31,6 +39,11 @@ impl Error {
     /// A frontend request refused for `what`.
     pub fn protocol(what: &'static str) -> impl FnOnce(vring::Error) -> Error {
         move |source| Error::Protocol { what, source }
+    }
+
+    /// A misbehaving frontend fd, `what`.
+    pub fn peer_fd(what: &'static str) -> impl FnOnce(io::Error) -> Error {
+        move |source| Error::PeerFd { what, source }
     }
 
     /// A host failure of `op`.

@@ -7,6 +7,7 @@ use std::io;
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 
+use virtnet_sys::PeerEventFd;
 use vmm_sys_util::eventfd::EventFd;
 use vring::{Chain, DeviceQueue};
 
@@ -31,7 +32,16 @@ pub fn queue_runtime(
     counters: Arc<QueueCounters>,
     tunables: Arc<QueueTunables>,
 ) -> QueueRuntime {
-    QueueRuntime::new(id, queue, kick, call, err, counters, tunables)
+    let adopt = |e: EventFd| PeerEventFd::from_eventfd(e).expect("an eventfd");
+    QueueRuntime::new(
+        id,
+        queue,
+        adopt(kick),
+        call.map(adopt),
+        err.map(adopt),
+        counters,
+        tunables,
+    )
 }
 
 /// One wake-up of the control thread: every command pending on `q`, handled; how many.

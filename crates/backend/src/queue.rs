@@ -10,8 +10,8 @@ use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use virtnet_sys::PeerEventFd;
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
-use vmm_sys_util::eventfd::EventFd;
 use vring::DeviceQueue;
 
 use super::error::Error;
@@ -22,9 +22,10 @@ use super::metrics::{QueueCounters, QueueTunables};
 pub struct QueueRuntime {
     pub id: QueueId,
     pub queue: DeviceQueue,
-    pub kick: EventFd,
-    pub call: Option<EventFd>,
-    pub err: Option<EventFd>,
+    pub kick: PeerEventFd,
+    /// Dropped if writing it blocked (see `virtnet_sys::peer_fd`).
+    pub call: Option<PeerEventFd>,
+    pub err: Option<PeerEventFd>,
     pub counters: Arc<QueueCounters>,
     pub tunables: Arc<QueueTunables>,
     /// Notification coalescing: a call the driver asked for but we hold back, since when,
@@ -41,9 +42,9 @@ impl QueueRuntime {
     pub(crate) fn new(
         id: QueueId,
         queue: DeviceQueue,
-        kick: EventFd,
-        call: Option<EventFd>,
-        err: Option<EventFd>,
+        kick: PeerEventFd,
+        call: Option<PeerEventFd>,
+        err: Option<PeerEventFd>,
         counters: Arc<QueueCounters>,
         tunables: Arc<QueueTunables>,
     ) -> QueueRuntime {
@@ -71,8 +72,14 @@ impl QueueRuntime {
 
     fn fire(&mut self) {
         if let Some(call) = &self.call {
-            if call.write(1).is_err() {
+            if let Err(e) = call.signal() {
                 self.counters.call_errors.add(1);
+                if e.kind() == std::io::ErrorKind::Interrupted {
+                    // The frontend made its call eventfd blocking and filled it: we stop
+                    // using it, and the queue is of no more use to the driver.
+                    self.call = None;
+                    break_queue(self, &Error::peer_fd("writing the call eventfd")(e));
+                }
             }
         }
         self.counters.calls.add(1);
@@ -110,10 +117,14 @@ impl QueueRuntime {
         }
     }
 
-    /// Consumes a kick: reads the kick eventfd and counts it.
+    /// Consumes a kick: reads the kick eventfd (never blocking) and counts it. A read that
+    /// fails breaks the queue. (An eventfd, the only kind of kick fd accepted, never reports
+    /// EPOLLHUP, and EPOLLERR only at a count of 2^64 - 1, which no write can reach.)
     pub fn take_kick(&self) {
-        if self.kick.read().is_ok() {
-            self.counters.kicks.add(1);
+        match self.kick.take() {
+            Ok(0) => {}
+            Ok(_) => self.counters.kicks.add(1),
+            Err(e) => break_queue(self, &Error::peer_fd("reading the kick eventfd")(e)),
         }
     }
 }
@@ -158,8 +169,9 @@ pub fn retire_queue(epoll: &Epoll, mut q: QueueRuntime) -> u16 {
 pub fn break_queue(q: &QueueRuntime, e: &Error) {
     if q.counters.set_broken(e.to_string()) {
         tracing::error!(queue = %q.id, error = %e, "queue broken; it stays stopped until reset");
+        // Written once per break; a write the watchdog had to interrupt is only counted.
         if let Some(err) = &q.err {
-            if err.write(1).is_err() {
+            if err.signal().is_err() {
                 q.counters.call_errors.add(1);
             }
         }
@@ -269,6 +281,7 @@ mod tests {
 
     use super::*;
     use crate::testing::{post_rx, setup};
+    use std::os::fd::AsFd;
     use vnet::ctrl::Coalesce;
 
     /// The device uses one posted buffer and notifies; returns whether a call went out.
@@ -330,9 +343,36 @@ mod tests {
         post_rx(&mut s.driver, 2, 64);
         let q = &mut s.runtime;
         // An eventfd one short of its limit refuses the next write (EAGAIN).
-        q.call.as_ref().unwrap().write(u64::MAX - 1).unwrap();
+        let call = q.call.as_ref().unwrap().to_eventfd().unwrap();
+        call.write(u64::MAX - 1).unwrap();
         assert!(use_one(q), "the call is still made and counted");
         assert_eq!(q.counters.call_errors.get(), 1);
+        assert!(
+            q.usable(),
+            "a full counter only means the frontend has calls to read"
+        );
+    }
+
+    #[test]
+    fn a_call_fd_the_frontend_makes_block_is_interrupted_and_breaks_the_queue() {
+        let mut s = setup(QueueId::Rx(0), Features::VERSION_1);
+        post_rx(&mut s.driver, 2, 64);
+        let q = &mut s.runtime;
+        // The frontend clears O_NONBLOCK on the shared file description and fills the counter.
+        let call = q.call.as_ref().unwrap().to_eventfd().unwrap();
+        virtnet_sys::set_nonblocking(q.call.as_ref().unwrap().as_fd(), false).unwrap();
+        call.write(u64::MAX - 1).unwrap();
+        let started = Instant::now();
+        use_one(q);
+        assert!(started.elapsed() < Duration::from_secs(5));
+        assert!(q.call.is_none(), "the call fd is no longer written");
+        assert!(!q.usable());
+        assert!(q.counters.broken_reason().unwrap().contains("call eventfd"));
+        assert_eq!(s.err.read().unwrap(), 1, "the frontend hears of it");
+        // Later turns do not block again.
+        let started = Instant::now();
+        notify(q);
+        assert!(started.elapsed() < Duration::from_millis(100));
     }
 
     #[test]

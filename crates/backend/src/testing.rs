@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use testkit::{pair, Pair};
 use vhost::vhost_user::message::{VhostUserMemoryRegion, VhostUserVringAddrFlags};
 use vhost::vhost_user::{Result as VuResult, VhostUserBackendReqHandlerMut};
+use virtnet_sys::PeerEventFd;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 use vring::{Buf, DriverQueue, Features, GuestAddress, GuestMemory, QueueConfig, RingAddresses};
@@ -43,12 +44,13 @@ pub fn setup_sized(id: QueueId, features: Features, size: u16) -> Setup {
         ..
     } = pair(size, features, 16);
     let err = EventFd::new(EFD_NONBLOCK).unwrap();
+    let peer = |e: EventFd| PeerEventFd::from_eventfd(e).unwrap();
     let runtime = QueueRuntime::new(
         id,
         device,
-        EventFd::new(EFD_NONBLOCK).unwrap(),
-        Some(EventFd::new(EFD_NONBLOCK).unwrap()),
-        Some(err.try_clone().unwrap()),
+        peer(EventFd::new(EFD_NONBLOCK).unwrap()),
+        Some(peer(EventFd::new(EFD_NONBLOCK).unwrap())),
+        Some(peer(err.try_clone().unwrap())),
         Arc::new(QueueCounters::default()),
         Arc::new(QueueTunables::default()),
     );

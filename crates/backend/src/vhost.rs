@@ -20,7 +20,6 @@ use vhost::vhost_user::{
     Backend, Error as VuError, GpuBackend, Result as VuResult, VhostUserBackendReqHandlerMut,
 };
 use vhost::VhostUserMemoryRegionBase;
-use vmm_sys_util::eventfd::EventFd;
 use vnet::feature;
 use vring::memory::RegionSource;
 use vring::{DeviceQueue, Features, GuestAddress, GuestMemory, QueueConfig, RingAddresses};
@@ -29,6 +28,7 @@ use super::device::Device;
 use super::error::Error;
 use super::queue::{QueueId, QueueRuntime};
 use virtnet_sys::tap::TapOffloads;
+use virtnet_sys::PeerEventFd;
 use vnet::{NetConfig, NET_S_LINK_UP};
 
 /// What the frontend set up for one virtqueue.
@@ -38,9 +38,9 @@ struct VringSetup {
     /// desc, avail, used in the frontend's virtual address space.
     addrs: Option<(u64, u64, u64)>,
     base: u16,
-    kick: Option<EventFd>,
-    call: Option<EventFd>,
-    err: Option<EventFd>,
+    kick: Option<PeerEventFd>,
+    call: Option<PeerEventFd>,
+    err: Option<PeerEventFd>,
     enabled: bool,
     running: bool,
 }
@@ -214,8 +214,13 @@ impl Connection {
         }
     }
 
-    fn new_fd(fd: Option<File>) -> Option<EventFd> {
-        fd.map(virtnet_sys::eventfd_from_file)
+    /// Adopts a kick, call or err fd: only an eventfd is taken (see `virtnet_sys::peer_fd`);
+    /// anything else gets an error answer and leaves the vring as it was.
+    fn new_fd(fd: Option<File>, what: &str) -> VuResult<Option<PeerEventFd>> {
+        fd.map(PeerEventFd::adopt).transpose().map_err(|e| {
+            tracing::warn!(error = %e, "{what} fd refused");
+            VuError::InvalidParam
+        })
     }
 }
 
@@ -388,18 +393,20 @@ impl VhostUserBackendReqHandlerMut for Connection {
 
     fn set_vring_kick(&mut self, index: u8, fd: Option<File>) -> VuResult<()> {
         let i = index as usize;
+        let fd = Self::new_fd(fd, "kick")?;
         self.stop(i)?;
-        self.vring(index as u32)?.kick = Self::new_fd(fd);
+        self.vring(index as u32)?.kick = fd;
         self.try_start(i)
     }
 
     fn set_vring_call(&mut self, index: u8, fd: Option<File>) -> VuResult<()> {
         let i = index as usize;
+        let fd = Self::new_fd(fd, "call")?;
         let running = self.vring(index as u32)?.running;
         if running {
             self.stop(i)?;
         }
-        self.vring(index as u32)?.call = Self::new_fd(fd);
+        self.vring(index as u32)?.call = fd;
         if running {
             self.try_start(i)?;
         }
@@ -408,11 +415,12 @@ impl VhostUserBackendReqHandlerMut for Connection {
 
     fn set_vring_err(&mut self, index: u8, fd: Option<File>) -> VuResult<()> {
         let i = index as usize;
+        let fd = Self::new_fd(fd, "err")?;
         let running = self.vring(index as u32)?.running;
         if running {
             self.stop(i)?;
         }
-        self.vring(index as u32)?.err = Self::new_fd(fd);
+        self.vring(index as u32)?.err = fd;
         if running {
             self.try_start(i)?;
         }
@@ -604,6 +612,37 @@ mod tests {
         }
         s.conn.set_vring_num(0, 256).unwrap();
         assert_eq!(s.conn.vrings[0].num, 256);
+    }
+
+    #[test]
+    fn kick_call_and_err_fds_that_are_not_eventfds_are_refused() {
+        let mut s = setup();
+        let invalid = |r: VuResult<()>| matches!(r, Err(VuError::InvalidParam));
+        let not_eventfds = || {
+            let (r, _w) = std::io::pipe().unwrap();
+            [
+                File::from(std::os::fd::OwnedFd::from(r)),
+                File::open("/proc/self/status").unwrap(),
+                File::from(std::os::fd::OwnedFd::from(
+                    std::os::unix::net::UnixStream::pair().unwrap().0,
+                )),
+            ]
+        };
+        for f in not_eventfds() {
+            assert!(invalid(s.conn.set_vring_kick(0, Some(f))));
+        }
+        for f in not_eventfds() {
+            assert!(invalid(s.conn.set_vring_call(0, Some(f))));
+        }
+        for f in not_eventfds() {
+            assert!(invalid(s.conn.set_vring_err(0, Some(f))));
+        }
+        let v = &s.conn.vrings[0];
+        assert!(v.kick.is_none() && v.call.is_none() && v.err.is_none());
+        assert!(!s.conn.must_disconnect, "a refused fd closes nothing");
+        let e = EventFd::new(0).unwrap();
+        s.conn.set_vring_kick(0, Some(eventfd_file(&e))).unwrap();
+        assert!(s.conn.vrings[0].kick.is_some());
     }
 
     #[test]

@@ -17,7 +17,7 @@ use vring::{Buf, DriverQueue, Features, GuestAddress};
 
 struct Ctrl {
     q: DriverQueue<u32>,
-    kick: vmm_sys_util::eventfd::EventFd,
+    kick: virtnet_sys::PeerEventFd,
     buf: GuestAddress,
 }
 
@@ -74,7 +74,7 @@ fn command(conn: &Connection, c: &mut Ctrl, cmd: &[u8], reply_len: usize) -> (u8
     )
     .unwrap();
     if c.q.kick_prepare() {
-        c.kick.write(1).unwrap();
+        c.kick.signal().unwrap();
     }
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {

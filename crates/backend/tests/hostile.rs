@@ -182,7 +182,7 @@ fn a_broken_tx_ring_stops_that_queue_and_rx_keeps_working() {
         .unwrap();
     mem.write(GuestAddress(rings.avail.0 + 2), &1u16.to_le_bytes())
         .unwrap();
-    p.conn.queues[1].kick.write(1).unwrap();
+    p.conn.queues[1].kick.signal().unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
     while b.device.reports()[1].counters.broken.is_none() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(5));

@@ -24,7 +24,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use vmm_sys_util::eventfd::EventFd;
+use virtnet_sys::PeerEventFd;
 use vring::{Buf, DriverQueue, GuestAddress, GuestMemory};
 
 use crate::frontend::QueueSetup;
@@ -111,8 +111,8 @@ struct Shared {
     mode: CtrlMode,
     mem: Arc<GuestMemory>,
     base: GuestAddress,
-    kick: EventFd,
-    call: EventFd,
+    kick: PeerEventFd,
+    call: PeerEventFd,
     ring: Mutex<Ring>,
     space: Condvar,
     /// Polling mode serialises commands, as the rtnl lock did around Linux's old ctrl path.
@@ -126,7 +126,7 @@ struct Shared {
 /// stops the reaper and fails whatever is still waiting with [`CtrlError::Closed`].
 pub struct CtrlQueue {
     shared: Arc<Shared>,
-    stop: EventFd,
+    stop: PeerEventFd,
     reaper: Option<JoinHandle<()>>,
 }
 
@@ -207,7 +207,7 @@ impl CtrlQueue {
             counters: CtrlCounters::default(),
             reaper_cpu_ns: AtomicU64::new(0),
         });
-        let stop = EventFd::new(libc::EFD_NONBLOCK).map_err(|e| setup_err(&e))?;
+        let stop = PeerEventFd::new().map_err(|e| setup_err(&e))?;
         let reaper = match mode {
             CtrlMode::Irq => {
                 let s = shared.clone();
@@ -305,7 +305,7 @@ impl Drop for CtrlQueue {
         for i in orphans {
             i.done.complete(Err(CtrlError::Closed));
         }
-        let _ = self.stop.write(1);
+        let _ = self.stop.signal();
         if let Some(t) = self.reaper.take() {
             let _ = t.join();
         }
@@ -460,7 +460,7 @@ impl Shared {
         let kick = ring.q.kick_prepare();
         drop(ring);
         if kick {
-            if self.kick.write(1).is_err() {
+            if self.kick.signal().is_err() {
                 self.counters.kick_errors.add(1);
             }
             self.counters.kicks.add(1);
@@ -577,7 +577,7 @@ impl Shared {
 
     /// The reaper: sleeps on the call eventfd (and `stop`), completes what the device
     /// answered.
-    fn reaper(self: Arc<Self>, stop: EventFd) {
+    fn reaper(self: Arc<Self>, stop: PeerEventFd) {
         use std::os::fd::AsRawFd;
         let fds = [self.call.as_raw_fd(), stop.as_raw_fd()];
         loop {
@@ -585,7 +585,7 @@ impl Shared {
             if ready & 2 != 0 {
                 break;
             }
-            if ready & 1 != 0 && self.call.read().is_ok() {
+            if ready & 1 != 0 && self.call.take().is_ok_and(|n| n > 0) {
                 self.counters.interrupts.add(1);
             }
             self.reap_and_rearm();
@@ -609,8 +609,8 @@ mod tests {
     struct Rig {
         ctrl: Arc<CtrlQueue>,
         device: DeviceQueue,
-        kick: EventFd,
-        call: EventFd,
+        kick: PeerEventFd,
+        call: PeerEventFd,
         mem: Arc<GuestMemory>,
     }
 
@@ -622,8 +622,8 @@ mod tests {
             features,
         )
         .unwrap();
-        let kick = EventFd::new(libc::EFD_NONBLOCK).unwrap();
-        let call = EventFd::new(libc::EFD_NONBLOCK).unwrap();
+        let kick = PeerEventFd::new().unwrap();
+        let call = PeerEventFd::new().unwrap();
         let setup = QueueSetup {
             index: 8,
             config,
@@ -690,7 +690,7 @@ mod tests {
         }
         r.device.flush();
         if r.device.needs_notification() {
-            r.call.write(1).unwrap();
+            r.call.signal().unwrap();
         }
         chains.len()
     }
@@ -701,7 +701,7 @@ mod tests {
             while !stop.load(Relaxed) {
                 if serve_batch(&mut r) == 0 {
                     virtnet_sys::wait_readable(std::os::fd::AsRawFd::as_raw_fd(&r.kick), 1);
-                    let _ = r.kick.read();
+                    let _ = r.kick.take();
                 }
             }
             r
@@ -845,7 +845,7 @@ mod tests {
             r.mem
                 .write(GuestAddress(used + 2), &1u16.to_le_bytes())
                 .unwrap();
-            r.call.write(1).unwrap();
+            r.call.signal().unwrap();
             let err = p.wait(Duration::from_secs(5)).unwrap_err();
             assert!(
                 matches!(
@@ -872,7 +872,7 @@ mod tests {
         let c = r.device.pop().unwrap().unwrap();
         r.device.add_used(c.head(), 0).unwrap();
         r.device.flush();
-        r.call.write(1).unwrap();
+        r.call.signal().unwrap();
         assert_eq!(
             p.wait(Duration::from_secs(5)),
             Err(CtrlError::NoAck {

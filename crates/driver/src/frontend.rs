@@ -17,7 +17,7 @@ use vhost::vhost_user::message::{
 };
 use vhost::vhost_user::{Frontend, VhostUserFrontend};
 use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
-use vmm_sys_util::eventfd::EventFd;
+use virtnet_sys::PeerEventFd;
 use vring::driver::IndirectArea;
 use vring::{Features, GuestAddress, GuestMemory, QueueConfig, RingAddresses};
 
@@ -99,9 +99,9 @@ pub struct QueueSetup {
     pub config: QueueConfig,
     pub indirect: Option<IndirectArea>,
     /// We write it to notify the backend (kick).
-    pub kick: EventFd,
+    pub kick: PeerEventFd,
     /// The backend writes it to notify us (call).
-    pub call: EventFd,
+    pub call: PeerEventFd,
 }
 
 /// A connected, negotiated vhost-user device.
@@ -425,8 +425,8 @@ impl Connection {
             None
         };
         let config = QueueConfig::new(size as u32, rings, self.features)?;
-        let kick = EventFd::new(libc::EFD_NONBLOCK)?;
-        let call = EventFd::new(libc::EFD_NONBLOCK)?;
+        let kick = PeerEventFd::new()?;
+        let call = PeerEventFd::new()?;
         let f = &mut self.frontend;
         f.set_vring_num(vq, size).map_err(req("SET_VRING_NUM"))?;
         let data = VringConfigData {
@@ -447,7 +447,8 @@ impl Connection {
         let f = &mut self.frontend;
         f.set_vring_addr(vq, &data).map_err(req("SET_VRING_ADDR"))?;
         f.set_vring_base(vq, 0).map_err(req("SET_VRING_BASE"))?;
-        f.set_vring_call(vq, &call).map_err(req("SET_VRING_CALL"))?;
+        f.set_vring_call(vq, &call.to_eventfd()?)
+            .map_err(req("SET_VRING_CALL"))?;
         self.queues.push(QueueSetup {
             index,
             config,
@@ -463,7 +464,7 @@ impl Connection {
         let setup = self
             .queue(index as u16)
             .ok_or(FrontendError::NoSuchQueue { index })?;
-        let kick = setup.kick.try_clone()?;
+        let kick = setup.kick.to_eventfd()?;
         self.frontend
             .set_vring_kick(index, &kick)
             .map_err(req("SET_VRING_KICK"))?;
@@ -495,7 +496,7 @@ impl Connection {
 }
 
 /// Waits up to `timeout_ms` (negative: forever) for `fd` to become readable.
-pub fn wait_readable(fd: &EventFd, timeout_ms: i32) -> bool {
+pub fn wait_readable(fd: &PeerEventFd, timeout_ms: i32) -> bool {
     use std::os::fd::AsRawFd;
     virtnet_sys::wait_readable(fd.as_raw_fd(), timeout_ms)
 }

@@ -11,7 +11,7 @@
 
 use std::sync::Arc;
 
-use vmm_sys_util::eventfd::EventFd;
+use virtnet_sys::PeerEventFd;
 use vnet::feature;
 use vring::{Buf, DriverQueue, Features, GuestAddress, GuestMemory};
 
@@ -85,8 +85,8 @@ pub struct RxQueue {
     pool: BufPool,
     layout: RxLayout,
     mem: Arc<GuestMemory>,
-    kick: EventFd,
-    call: EventFd,
+    kick: PeerEventFd,
+    call: PeerEventFd,
     hdr_len: usize,
     scratch: Vec<Buf>,
     frame: Vec<u8>,
@@ -210,7 +210,7 @@ impl RxQueue {
     pub fn layout(&self) -> RxLayout {
         self.layout
     }
-    pub fn call_fd(&self) -> &EventFd {
+    pub fn call_fd(&self) -> &PeerEventFd {
         &self.call
     }
     pub fn ring(&self) -> &DriverQueue<u16> {
@@ -268,7 +268,7 @@ impl RxQueue {
             added = true;
         }
         if added && self.q.kick_prepare() {
-            if self.kick.write(1).is_err() {
+            if self.kick.signal().is_err() {
                 self.counters.kick_errors.add(1);
             }
             self.counters.kicks.add(1);
@@ -510,7 +510,7 @@ impl RxQueue {
 
     /// Reads the call eventfd and counts an interrupt if one was pending.
     pub fn ack_interrupt(&mut self) -> bool {
-        let fired = self.call.read().is_ok();
+        let fired = self.call.take().is_ok_and(|n| n > 0);
         if fired {
             self.counters.interrupts.add(1);
         }

@@ -1,6 +1,6 @@
 //! Unit-test scaffolding: a queue whose device side a test drives by hand.
 
-use vmm_sys_util::eventfd::EventFd;
+use virtnet_sys::PeerEventFd;
 use vring::GuestAddress;
 
 use crate::frontend::Allocator;
@@ -27,8 +27,8 @@ pub(crate) fn hand_built(
         index,
         config: QueueConfig::new(size as u32, rings, features).unwrap(),
         indirect: None,
-        kick: EventFd::new(libc::EFD_NONBLOCK).unwrap(),
-        call: EventFd::new(libc::EFD_NONBLOCK).unwrap(),
+        kick: PeerEventFd::new().unwrap(),
+        call: PeerEventFd::new().unwrap(),
     };
     let alloc = Allocator::over(GuestAddress(0x1_0000), MEM as u64);
     (mem, setup, alloc)

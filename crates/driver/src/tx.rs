@@ -84,7 +84,7 @@ impl TxPolicy {
 
 use std::sync::Arc;
 
-use vmm_sys_util::eventfd::EventFd;
+use virtnet_sys::PeerEventFd;
 use vring::{Buf, DriverQueue, GuestAddress, GuestMemory};
 
 use super::counters::QueueCounters;
@@ -105,8 +105,8 @@ pub struct TxQueue {
     q: DriverQueue<u16>,
     pool: BufPool,
     mem: Arc<GuestMemory>,
-    kick: EventFd,
-    call: EventFd,
+    kick: PeerEventFd,
+    call: PeerEventFd,
     hdr_len: usize,
     offloads: TxOffloads,
     /// Reclaim from the transmit path only below this many free descriptors (two budgets'
@@ -205,7 +205,7 @@ impl TxQueue {
     pub fn is_stopped(&self) -> bool {
         self.stopped
     }
-    pub fn call_fd(&self) -> &EventFd {
+    pub fn call_fd(&self) -> &PeerEventFd {
         &self.call
     }
     pub fn ring(&self) -> &DriverQueue<u16> {
@@ -391,7 +391,7 @@ impl TxQueue {
     /// Kicks the device if it asked for it, for the frames sent since the last flush.
     pub fn flush(&mut self) {
         if std::mem::take(&mut self.pending_kick) && self.q.kick_prepare() {
-            if self.kick.write(1).is_err() {
+            if self.kick.signal().is_err() {
                 self.counters.kick_errors.add(1);
             }
             self.counters.kicks.add(1);
@@ -421,7 +421,7 @@ impl TxQueue {
 
     /// Reads the call eventfd and counts an interrupt if one was pending.
     pub fn ack_interrupt(&mut self) -> bool {
-        let fired = self.call.read().is_ok();
+        let fired = self.call.take().is_ok_and(|n| n > 0);
         if fired {
             self.counters.interrupts.add(1);
         }
@@ -522,14 +522,19 @@ mod tests {
         let (mem, setup, mut alloc) = hand_built(1, 64, features);
         let mut tx = TxQueue::new(&setup, &mem, &mut alloc, 256).unwrap();
         // An eventfd one short of its limit refuses the next write (EAGAIN).
-        setup.kick.write(u64::MAX - 1).unwrap();
+        setup
+            .kick
+            .to_eventfd()
+            .unwrap()
+            .write(u64::MAX - 1)
+            .unwrap();
         assert!(tx.send(&[0u8; 60], NetHdr::default()).unwrap());
         tx.flush();
         assert_eq!(
             (tx.counters.kicks.get(), tx.counters.kick_errors.get()),
             (1, 1)
         );
-        setup.kick.read().unwrap();
+        setup.kick.take().unwrap();
         assert!(tx.send(&[0u8; 60], NetHdr::default()).unwrap());
         tx.flush();
         assert_eq!(

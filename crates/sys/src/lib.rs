@@ -1,17 +1,19 @@
 //! virtnet's OS interfaces, the only `unsafe` code outside the ring engine's guest memory:
 //! the system calls of the data path. TAP ioctls and frame
 //! I/O ([`tap`], whose vectored I/O into guest memory is vring's `GuestMemory::writev_to` and
-//! `readv_from`), adopting eventfds received from the frontend, opening the inherited listening
+//! `readv_from`), the eventfds shared with the peer ([`peer_fd`]: checked on adoption, reads
+//! that cannot block, writes a watchdog interrupts when the peer makes them block), opening the inherited listening
 //! socket, and the per-thread scheduler and CPU-time readings used by busy polling and the
 //! benchmarks.
 
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixListener;
 
-use vmm_sys_util::eventfd::EventFd;
-
+pub mod peer_fd;
 pub mod tap;
+
+pub use peer_fd::PeerEventFd;
 
 /// # Safety
 /// `req` must be an ioctl whose argument is a pointer to a `T`, and `arg` must point to a live,
@@ -36,12 +38,24 @@ unsafe fn ioctl_val(fd: RawFd, req: libc::Ioctl, arg: libc::c_ulong) -> io::Resu
     Ok(())
 }
 
-/// Adopts a file received from the frontend as an eventfd. A file that is not an eventfd
-/// only makes later reads and writes fail.
-pub fn eventfd_from_file(f: std::fs::File) -> EventFd {
-    let raw = f.into_raw_fd();
-    // SAFETY: `raw` was just released by the `File` that owned it; the EventFd owns it now.
-    unsafe { EventFd::from_raw_fd(raw) }
+/// Sets or clears `O_NONBLOCK` on the open file description of `fd` (shared by every
+/// descriptor of it, in this process and in a peer that holds one).
+pub fn set_nonblocking(fd: BorrowedFd<'_>, on: bool) -> io::Result<()> {
+    // SAFETY: F_GETFL takes no argument and touches no memory.
+    let flags = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) };
+    if flags < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let flags = if on {
+        flags | libc::O_NONBLOCK
+    } else {
+        flags & !libc::O_NONBLOCK
+    };
+    // SAFETY: F_SETFL takes an int argument and touches no memory.
+    if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// The listening unix socket this process inherited as descriptor `fd` (`--fd N` of the

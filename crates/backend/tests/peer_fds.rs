@@ -1,0 +1,83 @@
+//! A frontend that turns its own call eventfd against the backend: it clears `O_NONBLOCK` on
+//! the file description it shares with us and fills the counter, so that the worker's next
+//! call would block forever. The watchdog interrupts that write, the queue is marked broken,
+//! and once the frontend goes the same pair serves the next one at once, with the worker idle
+//! and the connection's descriptors released.
+//!
+//! One test in a binary of its own: it counts the process's descriptors and reads the
+//! worker's CPU time by its thread's name.
+
+use std::os::fd::AsFd;
+use std::time::{Duration, Instant};
+
+use testkit::inproc::{self, connect, echo_backend, echo_round, WANTED};
+use virtnet_driver::{Frames, PollMode};
+
+fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").unwrap().count()
+}
+
+/// Waits up to `within` for `f`.
+fn eventually(within: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    f()
+}
+
+#[test]
+fn a_call_eventfd_made_to_block_breaks_its_queue_and_the_next_frontend_is_served() {
+    let b = echo_backend("peer-fds");
+    // A first connection, so that every thread and lazily made descriptor exists.
+    let mut p = connect(&b, WANTED);
+    assert_eq!(echo_round(&mut p, 10, 64).len(), 10);
+    drop(p);
+    assert!(eventually(Duration::from_secs(2), || b.device.reports()[0]
+        .counters
+        .broken
+        .is_none()));
+    std::thread::sleep(Duration::from_millis(100));
+    let fds_before = open_fds();
+
+    let mut p = connect(&b, WANTED);
+    let call = &p.conn.queues[0].call;
+    virtnet_sys::set_nonblocking(call.as_fd(), false).unwrap();
+    call.to_eventfd().unwrap().write(u64::MAX - 1).unwrap();
+    // Frames echoed to rx make the worker call: the write blocks until the watchdog steps in.
+    let frame = inproc::frame(0, 64);
+    for _ in 0..8 {
+        p.tx.send(&frame, vnet::NetHdr::default()).unwrap();
+    }
+    p.tx.flush();
+    let broken = eventually(Duration::from_secs(5), || {
+        p.rx.poll(64, PollMode::Napi, Frames(|_: &[u8]| {})).ok();
+        b.device.reports()[0].counters.broken.is_some()
+    });
+    let reason = b.device.reports()[0].counters.broken.clone();
+    assert!(broken, "rx0 was not marked broken");
+    assert!(reason.unwrap().contains("call eventfd"));
+    drop(p);
+
+    // The same pair, a new frontend: frames move within a second.
+    let mut p = connect(&b, WANTED);
+    let started = Instant::now();
+    assert_eq!(echo_round(&mut p, 100, 64).len(), 100);
+    assert!(started.elapsed() < Duration::from_secs(1));
+    assert!(b.device.reports()[0].counters.broken.is_none());
+    drop(p);
+
+    // The worker sleeps, and the hostile connection left no descriptor behind.
+    let ticks = inproc::thread_cpu_ticks("virtnet-pair0");
+    std::thread::sleep(Duration::from_secs(1));
+    let spent = inproc::thread_cpu_ticks("virtnet-pair0") - ticks;
+    assert!(spent <= 5, "the worker took {spent} ticks in 1 s");
+    assert!(
+        eventually(Duration::from_secs(2), || open_fds() == fds_before),
+        "{} descriptors open, {fds_before} before",
+        open_fds()
+    );
+}
