@@ -16,7 +16,9 @@ use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vring::{Chain, Error as RingError, GuestMemory, Segment};
 
 use super::error::Error;
-use super::queue::{break_queue, install_queue, notify, retire_queue, QueueId, QueueRuntime};
+use super::queue::{
+    break_queue, install_queue, notify, retire_queue, FaultWatch, QueueId, QueueRuntime,
+};
 use super::shared::Shared;
 use super::thread::{wait_events, Command, Inbox};
 use vnet::ctrl::{self, Coalesce, Command as CtrlCommand};
@@ -38,6 +40,7 @@ pub struct CtrlWorker {
     epoll: Epoll,
     queue: Option<QueueRuntime>,
     chain: Chain,
+    faults: FaultWatch,
 }
 
 /// Writes `bytes` at `offset` of the writable part of `segs`.
@@ -115,6 +118,7 @@ impl CtrlWorker {
             epoll: Epoll::new()?,
             queue: None,
             chain: Chain::new(),
+            faults: FaultWatch::default(),
         })
     }
 
@@ -132,7 +136,9 @@ impl CtrlWorker {
             if self.inbox.take_pending() && !self.handle_commands() {
                 return Ok(());
             }
-            if self.process() > 0 {
+            let processed = self.process();
+            self.faults.check(self.queue.iter());
+            if processed > 0 {
                 continue;
             }
             if let Some(q) = self.queue.as_mut().filter(|q| q.usable()) {

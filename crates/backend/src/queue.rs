@@ -165,14 +165,51 @@ pub fn retire_queue(epoll: &Epoll, mut q: QueueRuntime) -> u16 {
 
 /// Marks a queue broken: logs once, counts, signals the frontend's error eventfd. The
 /// engine refuses every later call on a queue the guest broke; a host failure is recorded
-/// here, and the worker stops serving the queue from its counters' broken flag.
+/// here, and the worker stops serving the queue from its counters' broken flag. On memory
+/// that a fault replaced, whatever went wrong is put down to the fault.
 pub fn break_queue(q: &QueueRuntime, e: &Error) {
+    let faulted;
+    let e = if q.queue.memory().faulted() {
+        faulted = memory_faulted();
+        &faulted
+    } else {
+        e
+    };
     if q.counters.set_broken(e.to_string()) {
         tracing::error!(queue = %q.id, error = %e, "queue broken; it stays stopped until reset");
         // Written once per break; a write the watchdog had to interrupt is only counted.
         if let Some(err) = &q.err {
             if err.signal().is_err() {
                 q.counters.call_errors.add(1);
+            }
+        }
+    }
+}
+
+fn memory_faulted() -> Error {
+    let e = vring::Error::InvalidMemory {
+        reason: "a memory file shrank under its mapping",
+    };
+    Error::protocol("guest memory")(e)
+}
+
+/// The faults in guest memory a worker has seen (`vring::memory::fault_count`): one load per
+/// turn tells whether to look at its queues' memory.
+#[derive(Debug, Default)]
+pub struct FaultWatch(u64);
+
+impl FaultWatch {
+    /// Breaks every queue of `queues` whose memory a fault replaced (the frontend shrank a
+    /// memory file under its mapping; see vring's `memory::fault`), once a new fault is seen.
+    pub fn check<'a>(&mut self, queues: impl IntoIterator<Item = &'a QueueRuntime>) {
+        let seen = vring::memory::fault_count();
+        if seen == self.0 {
+            return;
+        }
+        self.0 = seen;
+        for q in queues {
+            if q.queue.memory().faulted() {
+                break_queue(q, &memory_faulted());
             }
         }
     }

@@ -24,6 +24,19 @@ const PREFETCH_LINES: usize = 16;
 /// more than the queue holds: a frame that needs more is dropped, not waited for.
 const MAX_MERGED_BUFFERS: usize = 1024;
 
+/// Segments one frame may take over all its merged buffers: as many as one chain may have
+/// (Linux's UIO_MAXIOV). Beyond it the frame is dropped and counted, so the chains popped for
+/// one frame hold at most this many segments.
+const MAX_FRAME_SEGMENTS: usize = vring::MAX_CHAIN_SEGMENTS;
+
+/// What the rx path keeps between frames: chains, and segments per chain. A Linux guest
+/// needs far less (a 64 KiB frame takes 44 mergeable buffers of 1500 bytes; a big-packets
+/// chain has 19 segments); a guest that makes them grow past it pays an allocation, and the
+/// memory goes back after the frame. So an rx path holds at most 64 x 64 segments between
+/// frames whatever the guest posts.
+const KEEP_CHAINS: usize = 64;
+const KEEP_SEGMENTS: usize = 64;
+
 /// What became of one frame offered to guest rx.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Delivery {
@@ -45,6 +58,8 @@ pub struct RxPath {
     blocked: Option<u16>,
     /// Chains popped for one frame (mergeable) or one burst.
     chains: Vec<Chain>,
+    /// A chain of `chains` has grown past KEEP_SEGMENTS: trim them after the frame.
+    grown: bool,
 }
 
 impl RxPath {
@@ -68,9 +83,25 @@ impl RxPath {
         })
     }
 
-    /// Forgets where rx lacked room: the queue is being replaced or stopped.
-    pub fn unblock(&mut self) {
+    /// Forgets where rx lacked room, and gives back the chains' memory: the queue is being
+    /// replaced or stopped.
+    pub fn release(&mut self) {
         self.blocked = None;
+        self.chains = Vec::new();
+        self.grown = false;
+    }
+
+    /// Gives back what the last frame made the chains grow to (see KEEP_CHAINS).
+    fn trim(&mut self) {
+        if self.chains.len() <= KEEP_CHAINS && !self.grown {
+            return;
+        }
+        self.chains.truncate(KEEP_CHAINS);
+        self.chains.shrink_to(KEEP_CHAINS);
+        for c in &mut self.chains {
+            c.clear_and_shrink(KEEP_SEGMENTS);
+        }
+        self.grown = false;
     }
 
     /// Breaks the rx queue on an error of its own.
@@ -123,7 +154,9 @@ impl RxPath {
         let Some(rx) = self.queue.as_mut() else {
             return Ok(Delivery::NoRoom);
         };
-        deliver(shared, rx, frame, &mut self.chains)
+        let r = deliver(shared, rx, frame, &mut self.chains, &mut self.grown);
+        self.trim();
+        r
     }
 
     /// Puts up to `max` copies of `frame` (header first) into the rx queue, as long as each
@@ -141,7 +174,9 @@ impl RxPath {
         let Some(rx) = self.queue.as_mut() else {
             return Ok(0);
         };
-        deliver_burst(shared, rx, frame, &mut self.chains, max)
+        let r = deliver_burst(shared, rx, frame, &mut self.chains, max, &mut self.grown);
+        self.trim();
+        r
     }
 }
 
@@ -151,6 +186,7 @@ fn deliver_burst(
     frame: &mut [u8],
     chains: &mut Vec<Chain>,
     max: usize,
+    grown: &mut bool,
 ) -> Result<usize, RingError> {
     let features = rx.queue.config().features();
     let hdr_len = vnet::hdr_len(features);
@@ -174,6 +210,7 @@ fn deliver_burst(
         if !rx.queue.pop_into(&mut chains[n])? {
             break;
         }
+        *grown |= chains[n].segments().len() > KEEP_SEGMENTS;
         match chains[n].writable().first() {
             Some(s) if s.len as usize >= frame.len() => n += 1,
             _ => {
@@ -210,6 +247,7 @@ fn deliver(
     rx: &mut QueueRuntime,
     frame: &mut [u8],
     chains: &mut Vec<Chain>,
+    grown: &mut bool,
 ) -> Result<Delivery, RingError> {
     let features = rx.queue.config().features();
     let hdr_len = vnet::hdr_len(features);
@@ -222,6 +260,7 @@ fn deliver(
     let max_buffers = MAX_MERGED_BUFFERS.min(rx.queue.config().size() as usize);
     let mut have = 0u64;
     let mut used = 0usize;
+    let mut segments = 0usize;
     while have < need {
         if used == max_buffers {
             // More buffers than a frame may take, and still short: the frame cannot fit.
@@ -240,6 +279,15 @@ fn deliver(
             return Err(RingError::NoWritableBytes {
                 head: chains[used].head(),
             });
+        }
+        let n = chains[used].segments().len();
+        *grown |= n > KEEP_SEGMENTS;
+        segments += n;
+        if segments > MAX_FRAME_SEGMENTS {
+            // Scattered over more segments than a frame may take: it cannot fit.
+            rx.queue.undo_pop(used as u16 + 1);
+            rx.counters.dropped.add(1);
+            return Ok(Delivery::Dropped);
         }
         have += chains[used].writable_len();
         used += 1;
@@ -410,6 +458,66 @@ mod tests {
         );
         rx.queue.as_mut().unwrap().queue.flush();
         assert_eq!(used(&mut driver), [(0, 64), (1, 36)]);
+    }
+
+    /// Posts, as a hostile guest may, indirect chains of `segments` one-byte writable buffers
+    /// each (one per avail entry from 0), by writing the rings of a 1024-entry queue at
+    /// `testkit::pair::RING_BASE` directly.
+    fn post_indirect(mem: &GuestMemory, chains: &[u16]) {
+        use testkit::pair::{DATA_BASE, INDIRECT_BASE, RING_BASE};
+        use vring::GuestAddress;
+        let rings = vring::RingAddresses::contiguous(RING_BASE, 1024);
+        let desc = |addr: u64, len: u32, flags: u16, next: u16| {
+            let mut d = [0u8; 16];
+            d[..8].copy_from_slice(&addr.to_le_bytes());
+            d[8..12].copy_from_slice(&len.to_le_bytes());
+            d[12..14].copy_from_slice(&flags.to_le_bytes());
+            d[14..].copy_from_slice(&next.to_le_bytes());
+            d
+        };
+        for (head, &n) in chains.iter().enumerate() {
+            let table = INDIRECT_BASE.0 + head as u64 * 0x4000;
+            for j in 0..n {
+                let flags = 2 | if j + 1 < n { 1 } else { 0 };
+                let d = desc(DATA_BASE.0 + j as u64, 1, flags, j + 1);
+                mem.write(GuestAddress(table + j as u64 * 16), &d).unwrap();
+            }
+            let d = desc(table, n as u32 * 16, 4, 0);
+            mem.write(GuestAddress(rings.desc.0 + head as u64 * 16), &d)
+                .unwrap();
+            let slot = GuestAddress(rings.avail.0 + 4 + head as u64 * 2);
+            mem.write(slot, &(head as u16).to_le_bytes()).unwrap();
+        }
+        let idx = GuestAddress(rings.avail.0 + 2);
+        mem.write(idx, &(chains.len() as u16).to_le_bytes())
+            .unwrap();
+    }
+
+    #[test]
+    fn a_frame_over_more_segments_than_a_frame_may_take_is_dropped_and_chains_shrink_back() {
+        let features = MRG | Features::RING_INDIRECT_DESC;
+        // Indirect tables may hold up to the queue size.
+        let s = crate::testing::setup_sized(QueueId::Rx(0), features, 1024);
+        let mut rx = RxPath::with_queue(s.runtime);
+        // Buffers of 600 one-byte segments: a 1000-byte frame needs two, 1200 segments.
+        post_indirect(&s.mem, &[600, 600, 600]);
+        assert_eq!(
+            rx.deliver(&shared(), &mut frame(1000)),
+            Ok(Delivery::Dropped)
+        );
+        assert_eq!(rx.queue.as_ref().unwrap().counters.dropped.get(), 1);
+        assert!(rx.chains.iter().all(|c| c.capacity() <= KEEP_SEGMENTS));
+        // One buffer's 600 segments are within the bound: a 500-byte frame goes in, and
+        // the chains give back what it made them grow to.
+        assert_eq!(
+            rx.deliver(&shared(), &mut frame(500)),
+            Ok(Delivery::Delivered)
+        );
+        let q = rx.queue.as_mut().unwrap();
+        assert_eq!(q.queue.stats().used, 1);
+        assert!(rx.chains.iter().all(|c| c.capacity() <= KEEP_SEGMENTS));
+        rx.release();
+        assert_eq!(rx.chains.capacity(), 0, "a stopped queue keeps no chains");
     }
 
     #[test]

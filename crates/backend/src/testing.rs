@@ -133,6 +133,30 @@ impl Frontend {
         Frontend { mem: Arc::new(mem) }
     }
 
+    /// A frontend whose memory is a file on /dev/shm that nobody sealed (QEMU's
+    /// `memory-backend-file`), and another handle of that file, for the test to shrink it.
+    pub fn shm(tag: &str) -> (Frontend, File) {
+        let path = format!("/dev/shm/virtnet-{tag}-{}", std::process::id());
+        let file = File::options()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .unwrap();
+        let _ = std::fs::remove_file(&path);
+        file.set_len(Self::MEM_SIZE as u64).unwrap();
+        let source = vring::memory::RegionSource {
+            guest_addr: GuestAddress(0),
+            size: Self::MEM_SIZE as u64,
+            user_addr: 0x7000_0000,
+            file: file.try_clone().unwrap(),
+            mmap_offset: 0,
+        };
+        let mem = GuestMemory::from_sources(vec![source]).unwrap();
+        (Frontend { mem: Arc::new(mem) }, file)
+    }
+
     /// The frontend's virtual address of guest address `a`, as ring addresses are sent.
     pub fn user(&self, a: GuestAddress) -> u64 {
         let r = self.mem.regions().next().unwrap();

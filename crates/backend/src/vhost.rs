@@ -615,6 +615,35 @@ mod tests {
     }
 
     #[test]
+    fn a_memory_file_shrunk_under_a_running_queue_breaks_it_and_the_device_serves_on() {
+        let device = null_device();
+        let mut conn = Connection::new(device.clone());
+        let (front, file) = Frontend::shm("shrink");
+        let mut tx = front.start_tx0(&mut conn);
+        assert_eq!(tx.send(1).0, 1);
+        // The frontend truncates its memory file under both mappings.
+        file.set_len(0).unwrap();
+        let buf = vring::Buf::new(GuestAddress(Frontend::DATA), 64);
+        tx.driver.add(&[buf], &[], 2).unwrap();
+        tx.kick.write(1).unwrap();
+        let tx0 = || device.reports()[TX0 as usize].counters.broken.clone();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while tx0().is_none() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let reason = tx0().expect("tx0 broken");
+        assert!(reason.contains("shrank"), "{reason}");
+        conn.stop_all();
+        drop(conn);
+        // The same device, a new frontend with memory that stays: tx0 moves again.
+        let mut conn = Connection::new(device.clone());
+        let front = Frontend::new();
+        let mut tx = front.start_tx0(&mut conn);
+        assert_eq!(tx.send(3).0, 3);
+        assert!(tx0().is_none());
+    }
+
+    #[test]
     fn kick_call_and_err_fds_that_are_not_eventfds_are_refused() {
         let mut s = setup();
         let invalid = |r: VuResult<()>| matches!(r, Err(VuError::InvalidParam));

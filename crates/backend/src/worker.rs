@@ -19,7 +19,9 @@ use vring::{Chain, Error as RingError};
 use super::error::Error;
 use super::host::{Host, Sent};
 use super::metrics::PollExit;
-use super::queue::{break_queue, install_queue, notify, retire_queue, QueueId, QueueRuntime};
+use super::queue::{
+    break_queue, install_queue, notify, retire_queue, FaultWatch, QueueId, QueueRuntime,
+};
 use super::rx::RxPath;
 use super::shared::Shared;
 use super::thread::{wait_events, Command, Inbox};
@@ -69,6 +71,7 @@ pub struct Worker<H: Host> {
     /// Whether epoll watches the host port's fd (only while rx has buffers to receive into).
     host_armed: bool,
     chain: Chain,
+    faults: FaultWatch,
 }
 
 impl<H: Host> Worker<H> {
@@ -84,6 +87,7 @@ impl<H: Host> Worker<H> {
             timer: TimerFd::new()?,
             host_armed: false,
             chain: Chain::new(),
+            faults: FaultWatch::default(),
         })
     }
 
@@ -115,6 +119,8 @@ impl<H: Host> Worker<H> {
             self.fire_due_calls();
             let tx = self.handle_tx();
             let rx = self.handle_rx();
+            self.faults
+                .check(self.tx.iter().chain(self.rx.queue.iter()));
             if tx.exhausted || rx.exhausted || tx.frames + rx.frames > 0 {
                 continue;
             }
@@ -189,7 +195,7 @@ impl<H: Host> Worker<H> {
             match cmd {
                 Command::Start(q) => {
                     if matches!(q.id, QueueId::Rx(_)) {
-                        self.rx.unblock();
+                        self.rx.release();
                         install_queue(&self.epoll, &mut self.rx.queue, *q, EV_RX_KICK);
                         if let Some(q) = &self.rx.queue {
                             self.host.rx_started(q);
@@ -206,9 +212,11 @@ impl<H: Host> Worker<H> {
                                 q.counters.dropped.add(1);
                             }
                         }
-                        self.rx.unblock();
+                        self.rx.release();
                         self.rx.queue.take()
                     } else {
+                        // The longest chain the guest sent stays allocated in it.
+                        self.chain = Chain::new();
                         self.tx.take()
                     };
                     let _ = reply.send(q.map(|q| retire_queue(&self.epoll, q)));

@@ -57,6 +57,20 @@ impl Chain {
     pub fn segments(&self) -> &[Segment] {
         &self.segments
     }
+    /// Segments the chain can hold without allocating (what reusing it keeps).
+    pub fn capacity(&self) -> usize {
+        self.segments.capacity()
+    }
+    /// Empties the chain and gives back memory above `segments` segments (a chain reused
+    /// across pops keeps room for its longest).
+    pub fn clear_and_shrink(&mut self, segments: usize) {
+        *self = Chain {
+            segments: std::mem::take(&mut self.segments),
+            ..Chain::default()
+        };
+        self.segments.clear();
+        self.segments.shrink_to(segments);
+    }
     pub fn readable_len(&self) -> u64 {
         self.readable_len
     }

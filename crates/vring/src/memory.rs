@@ -78,6 +78,9 @@ struct Region {
     len: u64,
     user_addr: u64,
     host: NonNull<u8>,
+    /// For a peer's file: the SIGBUS registration, released before `mmap` unmaps (fields
+    /// drop in order).
+    fault: Option<fault::Registration>,
     mmap: MmapRegion<()>,
 }
 
@@ -128,7 +131,7 @@ impl GuestMemory {
                 Ok((guest, guest.0, mmap))
             })
             .collect::<Result<Vec<_>, Error>>()?;
-        Self::from_mappings(regions)
+        Self::from_mappings(regions, false)
     }
 
     /// Memory backed by one memfd per region, shareable with another process through
@@ -145,7 +148,7 @@ impl GuestMemory {
                 Ok((guest, user, mmap))
             })
             .collect::<Result<Vec<_>, Error>>()?;
-        Self::from_mappings(regions)
+        Self::from_mappings(regions, false)
     }
 
     /// Maps regions received from a frontend. Every region is validated: non-empty, no address
@@ -171,8 +174,9 @@ impl GuestMemory {
                         reason: "region user address overflows",
                     })?;
                 // Mapping past the end of the file would map pages that fault with SIGBUS on
-                // first access: refuse it here. (A frontend that shrinks an unsealed file
-                // later can still cause that; see docs/ARCHITECTURE.md.)
+                // first access: refuse it here. (A frontend that shrinks the file later is
+                // handled by `fault`.)
+                check_ram_file(&s.file)?;
                 let file_len = s
                     .file
                     .metadata()
@@ -193,10 +197,14 @@ impl GuestMemory {
                 Ok((s.guest_addr, s.user_addr, mmap))
             })
             .collect::<Result<Vec<_>, Error>>()?;
-        Self::from_mappings(regions)
+        Self::from_mappings(regions, true)
     }
 
-    fn from_mappings(mappings: Vec<(GuestAddress, u64, MmapRegion<()>)>) -> Result<Self, Error> {
+    /// `peer`: the files are the peer's, which may shrink them (see [`fault`]).
+    fn from_mappings(
+        mappings: Vec<(GuestAddress, u64, MmapRegion<()>)>,
+        peer: bool,
+    ) -> Result<Self, Error> {
         if mappings.is_empty() {
             return Err(Error::InvalidMemory {
                 reason: "no regions",
@@ -213,11 +221,17 @@ impl GuestMemory {
                     reason: "region size is 0 or overflows",
                 });
             }
+            let fault = if peer {
+                Some(fault::Registration::new(host.as_ptr(), mmap.size())?)
+            } else {
+                None
+            };
             regions.push(Region {
                 guest: guest.0,
                 len,
                 user_addr,
                 host,
+                fault,
                 mmap,
             });
         }
@@ -244,6 +258,14 @@ impl GuestMemory {
             #[cfg(loom)]
             loom_views: LoomViews::default(),
         })
+    }
+
+    /// Whether the peer shrank a file under one of the regions, so that its memory was
+    /// replaced (see [`fault`]): nothing in it is shared with the peer any more.
+    pub fn faulted(&self) -> bool {
+        self.regions
+            .iter()
+            .any(|r| r.fault.as_ref().is_some_and(|f| f.faulted()))
     }
 
     /// The regions, for sharing them with a peer.
@@ -475,8 +497,10 @@ pub trait SharedAtomic: sealed::Sealed + Sync + Send + 'static {}
 impl SharedAtomic for AtomicU16 {}
 impl SharedAtomic for AtomicU32 {}
 impl SharedAtomic for AtomicU64 {}
+mod fault;
 mod vectored;
 
+pub use fault::fault_count;
 pub use vectored::MAX_IOVECS;
 
 mod sealed {
@@ -548,6 +572,34 @@ unsafe impl<T: SharedAtomic> Send for SharedSlice<T> {}
 // SAFETY: as above.
 #[cfg(not(loom))]
 unsafe impl<T: SharedAtomic> Sync for SharedSlice<T> {}
+
+/// Refuses a region file that cannot be guest RAM: anything but tmpfs (memfds, /dev/shm) and
+/// hugetlbfs, the filesystems QEMU's and DPDK's shared memory live on. A regular file on a
+/// disk filesystem, a device node or a socket would make every ring access file I/O, or
+/// something else altogether.
+fn check_ram_file(file: &File) -> Result<(), Error> {
+    const TMPFS_MAGIC: i64 = 0x0102_1994;
+    const HUGETLBFS_MAGIC: i64 = 0x9584_58f6;
+    // SAFETY: statfs is plain old data; fstatfs fills it.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `st` is a valid, writable statfs; the descriptor is open for the call.
+    if unsafe { libc::fstatfs(file.as_raw_fd(), &mut st) } < 0 {
+        return Err(Error::Mmap {
+            reason: io::Error::last_os_error().to_string(),
+        });
+    }
+    if !file.metadata().is_ok_and(|m| m.is_file()) {
+        return Err(Error::InvalidMemory {
+            reason: "region file is not a regular file",
+        });
+    }
+    match st.f_type as i64 {
+        TMPFS_MAGIC | HUGETLBFS_MAGIC => Ok(()),
+        _ => Err(Error::InvalidMemory {
+            reason: "region file is not on tmpfs or hugetlbfs (not a memfd or shared memory)",
+        }),
+    }
+}
 
 /// An anonymous memory file of `size` bytes, sealed against shrinking, growing and further
 /// sealing changes: the backend we share it with maps all of it, and a shrunk file would make
@@ -845,5 +897,91 @@ mod tests {
         );
         let empty = GuestMemory::from_sources(vec![]);
         assert!(matches!(empty, Err(Error::InvalidMemory { .. })));
+    }
+
+    /// A file of `len` bytes on tmpfs that nobody sealed, as QEMU's `memory-backend-file`
+    /// on /dev/shm makes.
+    fn shm_file(tag: &str, len: u64) -> (std::path::PathBuf, File) {
+        let path =
+            std::path::PathBuf::from(format!("/dev/shm/vring-test-{tag}-{}", std::process::id()));
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .unwrap();
+        file.set_len(len).unwrap();
+        (path, file)
+    }
+
+    fn source(file: File, size: u64) -> RegionSource {
+        RegionSource {
+            guest_addr: GuestAddress(0),
+            size,
+            user_addr: 0x7000_0000,
+            file,
+            mmap_offset: 0,
+        }
+    }
+
+    #[test]
+    fn region_files_that_cannot_be_ram_are_refused() {
+        // A regular file on the temporary directory's filesystem: a disk one on the machines
+        // we run on (checked: the case says nothing where /tmp is tmpfs).
+        let path = std::env::temp_dir().join(format!("vring-disk-{}", std::process::id()));
+        let file = File::options()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .unwrap();
+        let _ = std::fs::remove_file(&path);
+        file.set_len(4096).unwrap();
+        // SAFETY: statfs is plain old data; fstatfs fills it.
+        let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+        // SAFETY: `st` is a writable statfs and the descriptor is open.
+        assert_eq!(unsafe { libc::fstatfs(file.as_raw_fd(), &mut st) }, 0);
+        if st.f_type as i64 != 0x0102_1994 {
+            let r = GuestMemory::from_sources(vec![source(file, 4096)]);
+            assert!(matches!(r, Err(Error::InvalidMemory { .. })), "{r:?}");
+        }
+        let dev = File::open("/dev/zero").unwrap();
+        let r = GuestMemory::from_sources(vec![source(dev, 4096)]);
+        assert!(matches!(r, Err(Error::InvalidMemory { .. })), "{r:?}");
+        let (path, shm) = shm_file("ok", 4096);
+        let _ = std::fs::remove_file(&path);
+        assert!(GuestMemory::from_sources(vec![source(shm, 4096)]).is_ok());
+    }
+
+    #[test]
+    fn a_file_shrunk_after_mapping_faults_into_private_zeroes_not_death() {
+        let (path, file) = shm_file("shrink", 3 * 4096);
+        let _ = std::fs::remove_file(&path);
+        let peer = file.try_clone().unwrap();
+        let mem = GuestMemory::from_sources(vec![source(file, 3 * 4096)]).unwrap();
+        mem.write(GuestAddress(2 * 4096 + 8), b"ring").unwrap();
+        assert!(!mem.faulted());
+        let before = fault_count();
+        // The peer truncates its file: every page of the mapping is now past its end.
+        peer.set_len(0).unwrap();
+        let mut got = [0xffu8; 4];
+        mem.read(GuestAddress(2 * 4096 + 8), &mut got).unwrap();
+        assert_eq!(got, [0; 4], "the region now holds private zeroes");
+        assert!(mem.faulted());
+        assert!(fault_count() > before);
+        // It stays usable memory of ours, and no longer reaches the peer's file.
+        mem.write(GuestAddress(8), b"still").unwrap();
+        peer.set_len(3 * 4096).unwrap();
+        let mut back = [0u8; 5];
+        std::os::unix::fs::FileExt::read_exact_at(&peer, &mut back, 8).unwrap();
+        assert_eq!(back, [0; 5]);
+        // A new memory on a fresh slot is not faulted.
+        let (path, other) = shm_file("fresh", 4096);
+        let _ = std::fs::remove_file(&path);
+        assert!(!GuestMemory::from_sources(vec![source(other, 4096)])
+            .unwrap()
+            .faulted());
     }
 }
