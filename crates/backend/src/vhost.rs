@@ -151,13 +151,18 @@ impl Connection {
             .map_err(refuse)?;
         queue.set_used_batch(self.device.shared().config.used_batch);
         let v = &mut self.vrings[index];
-        let kick = v
-            .kick
-            .as_ref()
-            .and_then(|f| f.try_clone().ok())
-            .ok_or(VuError::InvalidParam)?;
-        let call = v.call.as_ref().and_then(|f| f.try_clone().ok());
-        let err = v.err.as_ref().and_then(|f| f.try_clone().ok());
+        // The worker gets descriptors of its own; failing to make one (EMFILE) refuses the
+        // start rather than running the queue without its call or err fd.
+        let dup = |f: &Option<PeerEventFd>| {
+            f.as_ref()
+                .map(PeerEventFd::try_clone)
+                .transpose()
+                .map_err(Error::host("duplicating a notification fd"))
+                .map_err(refuse)
+        };
+        let kick = dup(&v.kick)?.ok_or(VuError::InvalidParam)?;
+        let call = dup(&v.call)?;
+        let err = dup(&v.err)?;
         let id = self.queue_id(index).ok_or(VuError::InvalidParam)?;
         let shared = self.device.shared();
         let counters = shared.queue_counters(id).clone();

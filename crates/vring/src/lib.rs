@@ -9,6 +9,8 @@
 //! - [`DriverQueue`]: add chains (direct or indirect), kick decisions, reclaim, callbacks.
 //!
 //! The crate starts no threads and opens no files: kicks and calls are the caller's business.
+//! Mapping a peer's files ([`GuestMemory::from_sources`]) installs a SIGBUS handler, once, so
+//! that a peer shrinking a file does not kill the process (`memory/fault.rs`).
 //! Its only I/O is [`GuestMemory::writev_to`] and [`GuestMemory::readv_from`], vectored I/O
 //! between guest memory and a file descriptor the caller lends.
 

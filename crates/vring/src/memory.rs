@@ -151,8 +151,11 @@ impl GuestMemory {
         Self::from_mappings(regions, false)
     }
 
-    /// Maps regions received from a frontend. Every region is validated: non-empty, no address
-    /// overflow, no overlap with another region in guest or user address space.
+    /// Maps regions received from a frontend. Every region is validated: a regular file on
+    /// tmpfs or hugetlbfs, non-empty, inside its file, no address overflow, no overlap with
+    /// another region in guest or user address space. Each mapping is registered with the
+    /// SIGBUS handler of `memory/fault.rs`, so a file the peer shrinks later faults into private
+    /// zeroes and [`GuestMemory::faulted`] instead of killing the process.
     pub fn from_sources(sources: Vec<RegionSource>) -> Result<GuestMemory, Error> {
         if sources.is_empty() || sources.len() > MAX_REGIONS {
             return Err(Error::InvalidMemory {
@@ -261,7 +264,7 @@ impl GuestMemory {
     }
 
     /// Whether the peer shrank a file under one of the regions, so that its memory was
-    /// replaced (see [`fault`]): nothing in it is shared with the peer any more.
+    /// replaced (see `memory/fault.rs`): nothing in it is shared with the peer any more.
     pub fn faulted(&self) -> bool {
         self.regions
             .iter()
