@@ -19,7 +19,8 @@ use vring::Features;
 /// A backend serving on `socket` from a thread of its own ([`SERVE_THREAD`]). Dropping it
 /// ends that thread, and with it the device and its workers (unless something else holds the
 /// device), so that an earlier test's backend does not live on in the test process: tests
-/// that read the process's fds, memory or threads' CPU time see only their own.
+/// that read the process's fds, memory or threads' CPU time ([`crate::recovery`]) see only
+/// their own.
 #[derive(Debug)]
 pub struct Backend {
     pub device: Arc<Device>,
