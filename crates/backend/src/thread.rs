@@ -115,6 +115,13 @@ impl WorkerHandle {
         let _ = self.wake.write(1);
     }
 
+    /// Whether the worker's thread has ended. Before the handle is dropped it ends only if
+    /// the worker could not start, or its loop failed or panicked, and its queues no longer
+    /// run: what the hostile-input tests check that the input did not do.
+    pub fn is_finished(&self) -> bool {
+        self.thread.as_ref().is_none_or(|t| t.is_finished())
+    }
+
     pub fn start(&self, q: QueueRuntime) {
         self.send(Command::Start(Box::new(q)));
     }

@@ -1,7 +1,14 @@
 //! A hostile or careless frontend and guest: malformed vhost-user messages and broken rings
 //! get a clean error, the queue concerned is marked broken, and the backend keeps serving.
+//!
+//! Each case ends with [`recovery::assert_recovered`]: what a user sees afterwards (threads
+//! alive and idle, a fresh connection served within a second, descriptors and memory back to
+//! the baseline). Those are the process's, so the tests take [`recovery::exclusive`] first
+//! and run one at a time. They are short (1.5 s each, most of it the idle second), so
+//! serialised in one binary they cost less than a binary each would to link.
 
 use testkit::inproc;
+use testkit::recovery::{self, Baseline};
 use virtnet_driver::{Frames, PollMode};
 
 use std::io::Write;
@@ -14,13 +21,6 @@ use vhost::vhost_user::{Frontend, VhostUserFrontend};
 use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
 use virtnet_backend::{BackendConfig, IoMode};
 use vring::{GuestAddress, GuestMemory};
-
-/// The backend still serves a well-behaved driver.
-fn assert_still_serves(b: &Backend) {
-    let mut p = connect(b, WANTED);
-    let got = echo_round(&mut p, 100, 64);
-    assert_eq!(got.len(), 100, "backend stopped serving");
-}
 
 /// A raw frontend with REPLY_ACK, so every bad request gets an error answer.
 fn raw_frontend(b: &Backend, max_queues: u64) -> Frontend {
@@ -50,7 +50,9 @@ fn region(mem: &GuestMemory) -> VhostUserMemoryRegionInfo {
 
 #[test]
 fn bad_queue_sizes_and_indices_get_errors() {
+    let exclusive = recovery::exclusive();
     let b = echo_backend("badidx");
+    let base = Baseline::take(&exclusive, &b);
     let f = raw_frontend(&b, 300);
     assert!(f.set_vring_num(0, 3).is_err(), "size not a power of two");
     assert!(f.set_vring_num(0, 65535).is_err(), "size above 32768");
@@ -61,12 +63,14 @@ fn bad_queue_sizes_and_indices_get_errors() {
     // GET_VRING_BASE needs a reply: an index out of range closes the connection instead.
     assert!(f.get_vring_base(250).is_err());
     drop(f);
-    assert_still_serves(&b);
+    recovery::assert_recovered(&b, &base);
 }
 
 #[test]
 fn overlapping_and_oversized_memory_tables_get_errors() {
+    let exclusive = recovery::exclusive();
     let b = echo_backend("badmem");
+    let base = Baseline::take(&exclusive, &b);
     let f = raw_frontend(&b, 2);
     let mem = GuestMemory::memfd(&[(GuestAddress(0), 1 << 20)]).unwrap();
     let r = region(&mem);
@@ -98,13 +102,15 @@ fn overlapping_and_oversized_memory_tables_get_errors() {
         f.set_mem_table(&[wrapping]).is_err(),
         "guest address range wraps"
     );
-    drop(f);
-    assert_still_serves(&b);
+    drop((f, mem));
+    recovery::assert_recovered(&b, &base);
 }
 
 #[test]
 fn rings_outside_memory_are_refused_when_the_queue_starts() {
+    let exclusive = recovery::exclusive();
     let b = echo_backend("badring");
+    let base = Baseline::take(&exclusive, &b);
     let mut f = raw_frontend(&b, 2);
     let mem = GuestMemory::memfd(&[(GuestAddress(0), 1 << 20)]).unwrap();
     let r = region(&mem);
@@ -146,13 +152,15 @@ fn rings_outside_memory_are_refused_when_the_queue_starts() {
         f.set_vring_addr(1, &misaligned).is_err(),
         "descriptor table not 16-aligned"
     );
-    drop(f);
-    assert_still_serves(&b);
+    drop((f, mem, kick));
+    recovery::assert_recovered(&b, &base);
 }
 
 #[test]
 fn garbage_on_the_socket_closes_that_connection_only() {
+    let exclusive = recovery::exclusive();
     let b = echo_backend("garbage");
+    let base = Baseline::take(&exclusive, &b);
     let mut s = UnixStream::connect(&b.socket).unwrap();
     // A header claiming request 0xdead with a 4 KiB body, then noise.
     let mut msg = vec![0xad, 0xde, 0, 0, 1, 0, 0, 0, 0, 0x10, 0, 0];
@@ -162,11 +170,12 @@ fn garbage_on_the_socket_closes_that_connection_only() {
     let mut s = UnixStream::connect(&b.socket).unwrap();
     let _ = s.write_all(&[0xff; 7]); // A truncated header.
     drop(s);
-    assert_still_serves(&b);
+    recovery::assert_recovered(&b, &base);
 }
 
 #[test]
 fn a_broken_tx_ring_stops_that_queue_and_rx_keeps_working() {
+    let exclusive = recovery::exclusive();
     let b = start_backend(
         "brokenring",
         BackendConfig {
@@ -174,6 +183,7 @@ fn a_broken_tx_ring_stops_that_queue_and_rx_keeps_working() {
             ..Default::default()
         },
     );
+    let base = Baseline::take(&exclusive, &b);
     let mut p = connect(&b, WANTED);
     // Act as a hostile guest: publish head 999 on the tx avail ring (size 256) and kick.
     let rings = p.conn.queues[1].config.rings();
@@ -219,11 +229,15 @@ fn a_broken_tx_ring_stops_that_queue_and_rx_keeps_working() {
         b.device.reports()[1].counters.broken.is_none(),
         "reset clears broken"
     );
+    drop((p, mem));
+    recovery::assert_recovered(&b, &base);
 }
 
 #[test]
 fn reconnect_in_the_middle_of_traffic_resumes() {
+    let exclusive = recovery::exclusive();
     let b = echo_backend("reconnect");
+    let base = Baseline::take(&exclusive, &b);
     let mut p = connect(&b, WANTED);
     // Leave frames in flight, then vanish.
     for i in 0..100 {
@@ -236,6 +250,8 @@ fn reconnect_in_the_middle_of_traffic_resumes() {
     let got = echo_round(&mut p, 1000, 64);
     assert_eq!(got.len(), 1000);
     assert!(b.device.reports()[1].counters.packets >= before + 1000);
+    drop(p);
+    recovery::assert_recovered(&b, &base);
 }
 
 /// Sends one request in the vhost-user framing (three native-endian u32, then the payload).
@@ -267,7 +283,9 @@ fn status_is_kept_and_a_broken_queue_reports_needs_reset() {
     const SET_PROTOCOL_FEATURES: u32 = 16;
     const SET_STATUS: u32 = 39;
     const GET_STATUS: u32 = 40;
+    let exclusive = recovery::exclusive();
     let b = echo_backend("status");
+    let base = Baseline::take(&exclusive, &b);
     let mut s = UnixStream::connect(&b.socket).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     raw_send(&mut s, SET_OWNER, 1, &[]);
@@ -294,5 +312,5 @@ fn status_is_kept_and_a_broken_queue_reports_needs_reset() {
     raw_send(&mut s, GET_FEATURES, 1, &[]);
     assert_eq!(raw_reply_u64(&mut s), (GET_FEATURES, features));
     drop(s);
-    assert_still_serves(&b);
+    recovery::assert_recovered(&b, &base);
 }

@@ -1,9 +1,11 @@
 //! An in-process backend on a unix socket, and our driver connected to it.
 
-use std::os::unix::net::UnixListener;
+use std::io;
+use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::Arc;
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use virtnet_driver::{Frames, PollMode};
 
@@ -14,11 +16,54 @@ use vnet::feature;
 use vnet::NetHdr;
 use vring::Features;
 
+/// A backend serving on `socket` from a thread of its own ([`SERVE_THREAD`]). Dropping it
+/// ends that thread, and with it the device and its workers (unless something else holds the
+/// device), so that an earlier test's backend does not live on in the test process: tests
+/// that read the process's fds, memory or threads' CPU time ([`crate::recovery`]) see only
+/// their own.
 #[derive(Debug)]
 pub struct Backend {
     pub device: Arc<Device>,
     pub socket: PathBuf,
+    /// Tells the accept loop to return at its next accept.
+    stop: Arc<AtomicBool>,
+    serve: Option<JoinHandle<io::Result<()>>>,
     _dir: TempDir,
+}
+
+/// The name of the thread that accepts and serves frontends.
+pub const SERVE_THREAD: &str = "virtnet-serve";
+
+/// How long dropping a [`Backend`] waits for its accept loop, which returns only once the
+/// connection it serves (if any) has closed.
+const SHUTDOWN_WAIT: Duration = Duration::from_secs(5);
+
+impl Backend {
+    /// Whether the thread serving frontends still runs: it ends only when the backend is
+    /// dropped, or when serving a connection panicked.
+    pub fn is_serving(&self) -> bool {
+        self.serve.as_ref().is_some_and(|t| !t.is_finished())
+    }
+}
+
+impl Drop for Backend {
+    fn drop(&mut self) {
+        self.stop.store(true, SeqCst);
+        // The accept loop checks the flag after each accept: a connection wakes it.
+        let _ = UnixStream::connect(&self.socket);
+        let Some(serve) = self.serve.take() else {
+            return;
+        };
+        let deadline = Instant::now() + SHUTDOWN_WAIT;
+        while !serve.is_finished() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        if serve.is_finished() {
+            // A panic there was the test's business while it ran (`is_serving`), not here.
+            let _ = serve.join();
+        }
+        // Else a connection is still open somewhere and the thread is left to end with it.
+    }
 }
 
 #[derive(Debug)]
@@ -42,12 +87,17 @@ pub fn start_backend(tag: &str, config: BackendConfig) -> Backend {
     let listener = UnixListener::bind(&socket).unwrap();
     let device = Device::new(config).unwrap();
     let d = device.clone();
-    std::thread::spawn(move || {
-        virtnet_backend::serve(d, listener, Arc::new(AtomicBool::new(false)))
-    });
+    let stop = Arc::new(AtomicBool::new(false));
+    let s = stop.clone();
+    let serve = std::thread::Builder::new()
+        .name(SERVE_THREAD.into())
+        .spawn(move || virtnet_backend::serve(d, listener, s))
+        .unwrap();
     Backend {
         device,
         socket,
+        stop,
+        serve: Some(serve),
         _dir: dir,
     }
 }
@@ -138,9 +188,14 @@ pub fn frame(i: u32, len: usize) -> Vec<u8> {
 
 /// Sends `count` frames and collects what comes back, within a deadline.
 pub fn echo_round(p: &mut Pair, count: u32, len: usize) -> Vec<Vec<u8>> {
+    echo_round_within(p, count, len, Duration::from_secs(20))
+}
+
+/// Like [`echo_round`], giving up after `within`.
+pub fn echo_round_within(p: &mut Pair, count: u32, len: usize, within: Duration) -> Vec<Vec<u8>> {
     let mut got = Vec::new();
     let mut sent = 0;
-    let deadline = Instant::now() + Duration::from_secs(20);
+    let deadline = Instant::now() + within;
     while got.len() < count as usize && Instant::now() < deadline {
         while sent < count && p.tx.send(&frame(sent, len), NetHdr::default()).unwrap() {
             sent += 1;

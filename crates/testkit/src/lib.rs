@@ -3,6 +3,8 @@
 //! - [`pair`]: a driver queue and a device queue on one virtqueue in one memory;
 //! - [`baseline`]: rust-vmm virtio-queue as a device engine for the bench harnesses;
 //! - [`inproc`]: an in-process backend on a unix socket and our driver connected to it;
+//! - [`recovery`]: what a user sees after a hostile case (threads alive and idle, a fresh
+//!   connection served, the process's descriptors and memory back), as one check;
 //!
 //! and the support for the tests that need real peers: a Linux guest under QEMU, DPDK's
 //! testpmd, and network namespaces with TAP devices:
@@ -31,6 +33,7 @@ pub mod pair;
 // Child processes that die with the test: prctl in pre_exec.
 #[allow(unsafe_code)]
 pub mod process;
+pub mod recovery;
 pub mod testpmd;
 
 pub use pair::{pair, Pair, DATA_BASE, INDIRECT_BASE, MEM_SIZE, RING_BASE};
