@@ -1,6 +1,7 @@
 //! A thousand frontends one after another, each with its queues running and a few frames
-//! moved (every other one going with frames still in flight, as a guest that reboots), two
-//! of them hostile (a tx ring with a head out of range, garbage on the socket): the backend
+//! moved (every other one going with frames still in flight, as a guest that reboots), three
+//! of them hostile (a call eventfd made to block, a tx ring with a head out of range, garbage
+//! on the socket): the backend
 //! releases everything a connection held when it goes, so the process's descriptors and
 //! threads come back to exactly what they were after the warm-up, and its memory stays put.
 //!
@@ -18,6 +19,8 @@ const CONNECTIONS: usize = 1000;
 /// Descriptors and memory are measured after this many connections: the allocator's arenas
 /// and the backend's workers have reached their working size by then.
 const WARM_UP: usize = 50;
+/// This connection makes its rx call eventfd block (see tests/peer_fds.rs).
+const HOSTILE_CALL: usize = 250;
 /// This connection breaks its tx ring.
 const HOSTILE_RING: usize = 500;
 /// This one sends garbage instead of a vhost-user message.
@@ -53,7 +56,7 @@ fn broken_tx_ring(b: &Backend) {
         .unwrap();
     mem.write(GuestAddress(rings.avail.0 + 2), &1u16.to_le_bytes())
         .unwrap();
-    p.conn.queues[1].kick.write(1).unwrap();
+    p.conn.queues[1].kick.signal().unwrap();
     let deadline = Instant::now() + Duration::from_secs(5);
     while b.device.reports()[1].counters.broken.is_none() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(1));
@@ -62,6 +65,37 @@ fn broken_tx_ring(b: &Backend) {
     assert!(
         reason.as_deref().is_some_and(|r| r.contains("head 999")),
         "tx not broken by head 999: {reason:?}"
+    );
+}
+
+/// A frontend that clears O_NONBLOCK on its rx call eventfd and fills the counter, then has
+/// frames echoed to rx: the worker's call blocks until the watchdog interrupts it, which
+/// breaks rx; the frontend then goes.
+fn blocking_call_fd(b: &Backend) {
+    use std::os::fd::AsFd;
+    let mut p = connect(b, WANTED);
+    let call = &p.conn.queues[0].call;
+    virtnet_sys::set_nonblocking(call.as_fd(), false).unwrap();
+    call.to_eventfd().unwrap().write(u64::MAX - 1).unwrap();
+    for i in 0..8 {
+        p.tx.send(&frame(i, 64), vnet::NetHdr::default()).unwrap();
+    }
+    p.tx.flush();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while b.device.reports()[0].counters.broken.is_none() && Instant::now() < deadline {
+        let _ = p.rx.poll(
+            64,
+            virtnet_driver::PollMode::Napi,
+            virtnet_driver::Frames(|_: &[u8]| {}),
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let reason = b.device.reports()[0].counters.broken.clone();
+    assert!(
+        reason
+            .as_deref()
+            .is_some_and(|r| r.contains("call eventfd")),
+        "rx not broken by its call eventfd: {reason:?}"
     );
 }
 
@@ -75,7 +109,7 @@ fn garbage_on_the_socket(b: &Backend) {
 }
 
 #[test]
-fn a_thousand_reconnects_one_hostile_hold_no_more_descriptors_or_memory() {
+fn a_thousand_reconnects_three_hostile_hold_no_more_descriptors_or_memory() {
     let exclusive = recovery::exclusive();
     let b = echo_backend("reconnect");
     let base = Baseline::take(&exclusive, &b);
@@ -86,6 +120,7 @@ fn a_thousand_reconnects_one_hostile_hold_no_more_descriptors_or_memory() {
             warm = Some(Usage::settled(&b));
         }
         match i {
+            HOSTILE_CALL => blocking_call_fd(&b),
             HOSTILE_RING => broken_tx_ring(&b),
             HOSTILE_SOCKET => garbage_on_the_socket(&b),
             _ => ordinary(&b, i % 2 == 1),
@@ -110,7 +145,10 @@ fn a_thousand_reconnects_one_hostile_hold_no_more_descriptors_or_memory() {
     );
     // The hostile connections left the device as a user finds it.
     assert!(
-        b.device.reports()[1].counters.broken.is_none(),
+        b.device
+            .reports()
+            .iter()
+            .all(|r| r.counters.broken.is_none()),
         "reset clears broken"
     );
     recovery::assert_recovered(&b, &base);
