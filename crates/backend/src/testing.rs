@@ -136,24 +136,7 @@ impl Frontend {
     /// A frontend whose memory is a file on /dev/shm that nobody sealed (QEMU's
     /// `memory-backend-file`), and another handle of that file, for the test to shrink it.
     pub fn shm(tag: &str) -> (Frontend, File) {
-        let path = format!("/dev/shm/virtnet-{tag}-{}", std::process::id());
-        let file = File::options()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&path)
-            .unwrap();
-        let _ = std::fs::remove_file(&path);
-        file.set_len(Self::MEM_SIZE as u64).unwrap();
-        let source = vring::memory::RegionSource {
-            guest_addr: GuestAddress(0),
-            size: Self::MEM_SIZE as u64,
-            user_addr: 0x7000_0000,
-            file: file.try_clone().unwrap(),
-            mmap_offset: 0,
-        };
-        let mem = GuestMemory::from_sources(vec![source]).unwrap();
+        let (file, mem) = testkit::pair::shm_memory(tag, Self::MEM_SIZE as u64, 0x7000_0000);
         (Frontend { mem: Arc::new(mem) }, file)
     }
 

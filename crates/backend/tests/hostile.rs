@@ -186,22 +186,7 @@ fn a_broken_tx_ring_stops_that_queue_and_rx_keeps_working() {
     let base = Baseline::take(&exclusive, &b);
     let mut p = connect(&b, WANTED);
     // Act as a hostile guest: publish head 999 on the tx avail ring (size 256) and kick.
-    let rings = p.conn.queues[1].config.rings();
-    let mem = p.conn.mem.clone();
-    mem.write(GuestAddress(rings.avail.0 + 4), &999u16.to_le_bytes())
-        .unwrap();
-    mem.write(GuestAddress(rings.avail.0 + 2), &1u16.to_le_bytes())
-        .unwrap();
-    p.conn.queues[1].kick.signal().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while b.device.reports()[1].counters.broken.is_none() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    let reason = b.device.reports()[1]
-        .counters
-        .broken
-        .clone()
-        .expect("tx queue marked broken");
+    let reason = break_tx_ring(&b, &p).expect("tx queue marked broken");
     assert!(reason.contains("head 999"), "{reason}");
     // The rx queue of the same worker still delivers frames.
     let mut got = 0;
@@ -229,7 +214,7 @@ fn a_broken_tx_ring_stops_that_queue_and_rx_keeps_working() {
         b.device.reports()[1].counters.broken.is_none(),
         "reset clears broken"
     );
-    drop((p, mem));
+    drop(p);
     recovery::assert_recovered(&b, &base);
 }
 

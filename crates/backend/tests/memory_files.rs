@@ -5,10 +5,10 @@
 //!
 //! One test in a binary of its own: it measures the process (`testkit::recovery`).
 
-use std::fs::File;
 use std::os::fd::AsRawFd;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use testkit::eventually;
 use testkit::inproc::start_backend;
 use testkit::recovery::{self, Baseline};
 use vhost::vhost_user::message::VhostUserVirtioFeatures;
@@ -16,45 +16,11 @@ use vhost::vhost_user::{Frontend, VhostUserFrontend};
 use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
 use virtnet_backend::{BackendConfig, IoMode};
 use vmm_sys_util::eventfd::EventFd;
-use vring::memory::RegionSource;
-use vring::{Buf, DriverQueue, Features, GuestAddress, GuestMemory, QueueConfig, RingAddresses};
+use vring::{Buf, DriverQueue, Features, GuestAddress, QueueConfig, RingAddresses};
 
 const MEM: u64 = 1 << 20;
 const TX: usize = 1;
 const SIZE: u16 = 256;
-
-fn eventually(within: Duration, mut f: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + within;
-    while Instant::now() < deadline {
-        if f() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    f()
-}
-
-/// A file on tmpfs that nobody sealed, unlinked, and our mapping of it.
-fn shm_memory() -> (File, GuestMemory) {
-    let path = format!("/dev/shm/virtnet-shrink-{}", std::process::id());
-    let file = File::options()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(&path)
-        .unwrap();
-    std::fs::remove_file(&path).unwrap();
-    file.set_len(MEM).unwrap();
-    let source = RegionSource {
-        guest_addr: GuestAddress(0),
-        size: MEM,
-        user_addr: 0x7000_0000,
-        file: file.try_clone().unwrap(),
-        mmap_offset: 0,
-    };
-    (file, GuestMemory::from_sources(vec![source]).unwrap())
-}
 
 #[test]
 fn a_memory_file_shrunk_under_a_running_queue_breaks_it_and_the_next_frontend_is_served() {
@@ -69,7 +35,7 @@ fn a_memory_file_shrunk_under_a_running_queue_breaks_it_and_the_next_frontend_is
     let base = Baseline::take(&exclusive, &b);
 
     // A frontend whose memory is the shm file: tx0 only.
-    let (file, mem) = shm_memory();
+    let (file, mem) = testkit::pair::shm_memory("shrink", MEM, 0x7000_0000);
     let mem = std::sync::Arc::new(mem);
     let mut f = Frontend::connect(&b.socket, 2).unwrap();
     f.set_owner().unwrap();

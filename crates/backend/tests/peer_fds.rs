@@ -7,23 +7,12 @@
 //! One test in a binary of its own: it measures the process (`testkit::recovery`).
 
 use std::os::fd::AsFd;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use testkit::eventually;
 use testkit::inproc::{self, connect, echo_backend, WANTED};
 use testkit::recovery::{self, Baseline};
 use virtnet_driver::{Frames, PollMode};
-
-/// Waits up to `within` for `f`.
-fn eventually(within: Duration, mut f: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + within;
-    while Instant::now() < deadline {
-        if f() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    f()
-}
 
 #[test]
 fn a_call_eventfd_made_to_block_breaks_its_queue_and_the_next_frontend_is_served() {

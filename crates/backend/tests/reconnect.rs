@@ -11,9 +11,8 @@ use std::io::Write;
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
-use testkit::inproc::{connect, echo_backend, echo_round, frame, Backend, WANTED};
+use testkit::inproc::{break_tx_ring, connect, echo_backend, echo_round, frame, Backend, WANTED};
 use testkit::recovery::{self, Baseline, Usage};
-use vring::GuestAddress;
 
 const CONNECTIONS: usize = 1000;
 /// Descriptors and memory are measured after this many connections: the allocator's arenas
@@ -50,18 +49,7 @@ fn ordinary(b: &Backend, in_flight: bool) {
 /// backend breaks that queue; the frontend then goes.
 fn broken_tx_ring(b: &Backend) {
     let p = connect(b, WANTED);
-    let rings = p.conn.queues[1].config.rings();
-    let mem = p.conn.mem.clone();
-    mem.write(GuestAddress(rings.avail.0 + 4), &999u16.to_le_bytes())
-        .unwrap();
-    mem.write(GuestAddress(rings.avail.0 + 2), &1u16.to_le_bytes())
-        .unwrap();
-    p.conn.queues[1].kick.signal().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while b.device.reports()[1].counters.broken.is_none() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    let reason = b.device.reports()[1].counters.broken.clone();
+    let reason = break_tx_ring(b, &p);
     assert!(
         reason.as_deref().is_some_and(|r| r.contains("head 999")),
         "tx not broken by head 999: {reason:?}"

@@ -213,3 +213,21 @@ pub fn echo_round_within(p: &mut Pair, count: u32, len: usize, within: Duration)
     }
     got
 }
+
+/// Acts as a hostile guest on `p`'s tx queue (size 256): publishes head 999 on its avail ring
+/// and kicks. Returns why the backend broke tx, waiting up to 10 s (None if it did not).
+pub fn break_tx_ring(b: &Backend, p: &Pair) -> Option<String> {
+    let rings = p.conn.queues[1].config.rings();
+    let mem = &p.conn.mem;
+    mem.write(
+        vring::GuestAddress(rings.avail.0 + 4),
+        &999u16.to_le_bytes(),
+    )
+    .unwrap();
+    mem.write(vring::GuestAddress(rings.avail.0 + 2), &1u16.to_le_bytes())
+        .unwrap();
+    p.conn.queues[1].kick.signal().unwrap();
+    let broken = || b.device.reports()[1].counters.broken.clone();
+    crate::eventually(Duration::from_secs(10), || broken().is_some());
+    broken()
+}

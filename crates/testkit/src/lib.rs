@@ -41,6 +41,18 @@ pub use pair::{pair, Pair, DATA_BASE, INDIRECT_BASE, MEM_SIZE, RING_BASE};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 
+/// Polls `f` every 5 ms for up to `within`; whether it came true.
+pub fn eventually(within: std::time::Duration, mut f: impl FnMut() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + within;
+    while std::time::Instant::now() < deadline {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    f()
+}
+
 /// The build's scratch directory, `target/tmp` (what cargo calls CARGO_TARGET_TMPDIR for
 /// integration tests), found from the running test binary at `target/<profile>/deps/`; a
 /// directory under /tmp when the binary runs from elsewhere. Cached guest images live there.

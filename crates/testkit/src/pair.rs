@@ -20,6 +20,31 @@ pub const DATA_BASE: GuestAddress = GuestAddress(0x20_0000);
 /// The memory: 4 MiB from guest address 0.
 pub const MEM_SIZE: usize = 0x40_0000;
 
+/// `len` bytes of guest memory at guest address 0 in a file on /dev/shm that nobody sealed
+/// (what QEMU's `memory-backend-file` makes), mapped as a backend maps a frontend's, with user
+/// address `user_addr`; and the file, for a test to shrink it. The file is unlinked at once.
+pub fn shm_memory(tag: &str, len: u64, user_addr: u64) -> (std::fs::File, GuestMemory) {
+    let path = format!("/dev/shm/{}", crate::unique_name(tag));
+    let file = std::fs::File::options()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&path)
+        .expect("a file on /dev/shm");
+    std::fs::remove_file(&path).expect("unlink");
+    file.set_len(len).expect("size");
+    let source = vring::memory::RegionSource {
+        guest_addr: GuestAddress(0),
+        size: len,
+        user_addr,
+        file: file.try_clone().expect("file"),
+        mmap_offset: 0,
+    };
+    let mem = GuestMemory::from_sources(vec![source]).expect("mapping");
+    (file, mem)
+}
+
 /// A driver and a device on one queue in one memory.
 #[derive(Debug)]
 pub struct Pair {

@@ -902,20 +902,25 @@ mod tests {
         assert!(matches!(empty, Err(Error::InvalidMemory { .. })));
     }
 
-    /// A file of `len` bytes on tmpfs that nobody sealed, as QEMU's `memory-backend-file`
-    /// on /dev/shm makes.
-    fn shm_file(tag: &str, len: u64) -> (std::path::PathBuf, File) {
-        let path =
-            std::path::PathBuf::from(format!("/dev/shm/vring-test-{tag}-{}", std::process::id()));
-        let file = std::fs::OpenOptions::new()
+    /// A file of `len` bytes in `dir`, unlinked. (`testkit::pair::shm_memory` is the same for
+    /// other crates' tests; a unit test here cannot use testkit.)
+    fn unlinked_file(dir: &str, tag: &str, len: u64) -> File {
+        let path = format!("{dir}/vring-test-{tag}-{}", std::process::id());
+        let file = File::options()
             .read(true)
             .write(true)
             .create(true)
             .truncate(true)
             .open(&path)
             .unwrap();
+        std::fs::remove_file(&path).unwrap();
         file.set_len(len).unwrap();
-        (path, file)
+        file
+    }
+
+    /// A file on tmpfs that nobody sealed, as QEMU's `memory-backend-file` on /dev/shm makes.
+    fn shm_file(tag: &str, len: u64) -> File {
+        unlinked_file("/dev/shm", tag, len)
     }
 
     fn source(file: File, size: u64) -> RegionSource {
@@ -932,16 +937,7 @@ mod tests {
     fn region_files_that_cannot_be_ram_are_refused() {
         // A regular file on the temporary directory's filesystem: a disk one on the machines
         // we run on (checked: the case says nothing where /tmp is tmpfs).
-        let path = std::env::temp_dir().join(format!("vring-disk-{}", std::process::id()));
-        let file = File::options()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&path)
-            .unwrap();
-        let _ = std::fs::remove_file(&path);
-        file.set_len(4096).unwrap();
+        let file = unlinked_file(std::env::temp_dir().to_str().unwrap(), "disk", 4096);
         // SAFETY: statfs is plain old data; fstatfs fills it.
         let mut st: libc::statfs = unsafe { std::mem::zeroed() };
         // SAFETY: `st` is a writable statfs and the descriptor is open.
@@ -953,15 +949,13 @@ mod tests {
         let dev = File::open("/dev/zero").unwrap();
         let r = GuestMemory::from_sources(vec![source(dev, 4096)]);
         assert!(matches!(r, Err(Error::InvalidMemory { .. })), "{r:?}");
-        let (path, shm) = shm_file("ok", 4096);
-        let _ = std::fs::remove_file(&path);
+        let shm = shm_file("ok", 4096);
         assert!(GuestMemory::from_sources(vec![source(shm, 4096)]).is_ok());
     }
 
     #[test]
     fn a_file_shrunk_after_mapping_faults_into_private_zeroes_not_death() {
-        let (path, file) = shm_file("shrink", 3 * 4096);
-        let _ = std::fs::remove_file(&path);
+        let file = shm_file("shrink", 3 * 4096);
         let peer = file.try_clone().unwrap();
         let mem = GuestMemory::from_sources(vec![source(file, 3 * 4096)]).unwrap();
         mem.write(GuestAddress(2 * 4096 + 8), b"ring").unwrap();
@@ -981,8 +975,7 @@ mod tests {
         std::os::unix::fs::FileExt::read_exact_at(&peer, &mut back, 8).unwrap();
         assert_eq!(back, [0; 5]);
         // A new memory on a fresh slot is not faulted.
-        let (path, other) = shm_file("fresh", 4096);
-        let _ = std::fs::remove_file(&path);
+        let other = shm_file("fresh", 4096);
         assert!(!GuestMemory::from_sources(vec![source(other, 4096)])
             .unwrap()
             .faulted());
