@@ -7,13 +7,16 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::time::{Duration, Instant};
 
 use testkit::inproc::{connect, echo_backend, echo_round, temp_dir};
+use testkit::recovery::{self, Baseline};
 use virtnet_backend::ctl::{self, Request, MAX_CTL_CLIENTS};
 use virtnet_backend::session::FIRST_REQUEST_TIMEOUT;
 use vring::Features;
 
 #[test]
 fn an_idle_first_frontend_does_not_keep_the_next_one_waiting() {
+    let exclusive = recovery::exclusive();
     let b = echo_backend("idlefirst");
+    let base = Baseline::take(&exclusive, &b);
     let idle = UnixStream::connect(&b.socket).unwrap();
     std::thread::sleep(Duration::from_millis(100));
     let start = Instant::now();
@@ -29,16 +32,20 @@ fn an_idle_first_frontend_does_not_keep_the_next_one_waiting() {
     assert_eq!((&idle).read(&mut buf).unwrap(), 0);
     // And the frontend served after it moves frames.
     assert_eq!(echo_round(&mut p, 10, 100).len(), 10);
+    drop((p, idle));
+    recovery::assert_recovered(&b, &base);
 }
 
 #[test]
 fn ctl_clients_beyond_the_bound_are_closed_and_the_others_still_served() {
+    let exclusive = recovery::exclusive();
     let b = echo_backend("ctlbound");
     let dir = temp_dir("ctlbound-ctl");
     let path = dir.0.join("ctl.sock");
     let listener = UnixListener::bind(&path).unwrap();
     let d = b.device.clone();
     std::thread::spawn(move || ctl::serve_ctl(d, listener));
+    let base = Baseline::take(&exclusive, &b);
     // Clients that connect and say nothing hold their threads.
     let held: Vec<UnixStream> = (0..MAX_CTL_CLIENTS)
         .map(|_| UnixStream::connect(&path).unwrap())
@@ -62,4 +69,7 @@ fn ctl_clients_beyond_the_bound_are_closed_and_the_others_still_served() {
         }
     };
     assert!(answer.contains("\"device\""), "{answer}");
+    // The client threads are gone with their clients: descriptors back, backend idle.
+    drop(extra);
+    recovery::assert_recovered(&b, &base);
 }

@@ -174,6 +174,47 @@ fn garbage_on_the_socket_closes_that_connection_only() {
 }
 
 #[test]
+fn an_indirect_table_longer_than_the_queue_breaks_tx_and_nothing_else() {
+    let exclusive = recovery::exclusive();
+    let b = echo_backend("longchain");
+    let base = Baseline::take(&exclusive, &b);
+    let p = connect(&b, WANTED);
+    // As a hostile guest: tx descriptor 0 points at an indirect table of 300 entries, more
+    // than the queue's 256 (VIRTIO 1.2 2.7.5.3.1), each a 4 KiB buffer; published and kicked.
+    let rings = p.conn.queues[1].config.rings();
+    let mem = &p.conn.mem;
+    let r = mem.regions().next().unwrap();
+    let table = GuestAddress(r.guest_addr.0 + r.size - 0x8000);
+    for j in 0..300u64 {
+        let mut d = [0u8; 16];
+        d[..8].copy_from_slice(&(table.0 - 0x1000).to_le_bytes());
+        d[8..12].copy_from_slice(&4096u32.to_le_bytes());
+        d[12..14].copy_from_slice(&1u16.to_le_bytes()); // NEXT
+        d[14..].copy_from_slice(&(j as u16 + 1).to_le_bytes());
+        mem.write(GuestAddress(table.0 + j * 16), &d).unwrap();
+    }
+    let mut head = [0u8; 16];
+    head[..8].copy_from_slice(&table.0.to_le_bytes());
+    head[8..12].copy_from_slice(&(300u32 * 16).to_le_bytes());
+    head[12..14].copy_from_slice(&4u16.to_le_bytes()); // INDIRECT
+    mem.write(rings.desc, &head).unwrap();
+    mem.write(GuestAddress(rings.avail.0 + 4), &0u16.to_le_bytes())
+        .unwrap();
+    mem.write(GuestAddress(rings.avail.0 + 2), &1u16.to_le_bytes())
+        .unwrap();
+    p.conn.queues[1].kick.signal().unwrap();
+    let tx = || b.device.reports()[1].counters.broken.clone();
+    assert!(testkit::eventually(Duration::from_secs(5), || tx().is_some()));
+    assert!(tx().unwrap().contains("indirect"), "{:?}", tx());
+    assert!(
+        b.device.reports()[0].counters.broken.is_none(),
+        "rx untouched"
+    );
+    drop(p);
+    recovery::assert_recovered(&b, &base);
+}
+
+#[test]
 fn a_broken_tx_ring_stops_that_queue_and_rx_keeps_working() {
     let exclusive = recovery::exclusive();
     let b = start_backend(

@@ -74,6 +74,21 @@ impl NetNs {
         &self.name
     }
 
+    /// Moves the calling thread (only it) into the namespace, so that what it opens there (a
+    /// TAP by name, as an in-process backend does) is the namespace's. Threads it starts from
+    /// then on are in the namespace too.
+    #[allow(unsafe_code)]
+    pub fn enter_this_thread(&self) -> Result<(), String> {
+        use std::os::fd::AsRawFd;
+        let path = format!("/run/netns/{}", self.name);
+        let ns = std::fs::File::open(&path).map_err(|e| format!("{path}: {e}"))?;
+        // SAFETY: setns takes a descriptor and a flag and touches no memory of ours.
+        if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+            return Err(format!("setns {path}: {}", std::io::Error::last_os_error()));
+        }
+        Ok(())
+    }
+
     /// Creates a persistent TAP in the namespace, with its address, and sets it up. Its carrier
     /// stays down until a process attaches to it.
     pub fn add_tap(&self, tap: &TapSpec) -> Result<(), String> {
