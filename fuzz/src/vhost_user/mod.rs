@@ -23,15 +23,16 @@
 //! - every tx header the guest posts gets the TAP port's verdict from `check_tx` that the
 //!   spec's rules give it ([`tx_header`]);
 //! - if the connection is still open after the steps, it answers a fresh GET_FEATURES with the
-//!   device's features; once it closes, the frontend sees the socket closed, and a new
-//!   connection to the same device answers GET_FEATURES correctly (the workers survived the
-//!   stop of every queue).
+//!   device's features; once it closes, the frontend sees the socket closed;
+//! - then, liveness ([`live`]): a well-behaved frontend connects to the same device, sets up
+//!   every pair and must see a frame move both ways on each within a second.
 //!
 //! [`protocol`] holds the vhost-user numbers the harness writes and checks, [`input`] the input
 //! types and the bytes each message becomes; this file sends them and checks what comes back.
 
 mod guest;
 mod input;
+mod live;
 mod protocol;
 mod tx_header;
 
@@ -40,6 +41,7 @@ pub use input::{
     Body, Fds, Flags, Frame, GuestOp, Hdr, Message, Port, Region, Request, Segment, Size, Step,
     UserAddr, VhostInput, MAX_NULL_FRAME, MEMFD_PAGES,
 };
+pub use live::DEADLINE;
 pub use protocol::{
     code, protocol_feature, HEADER_LEN, MAX_BODY, NEED_REPLY, NOFD, PROTOCOL_FEATURES_BIT, REPLY,
     VERSION_1,
@@ -286,9 +288,8 @@ pub fn run_with(input: &VhostInput, patience: Patience) -> Outcome {
     c.close();
     drop(guest);
     check_bounds(&device);
-    // The next frontend finds the device serving.
-    let mut next = Conn::open(&device);
-    assert_answers_get_features(&mut next, &device);
-    next.close();
+    // The next frontend finds the device serving, and moving frames.
+    live::assert_live(&device, input.port);
+    check_bounds(&device);
     out
 }
