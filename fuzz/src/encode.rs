@@ -2,11 +2,11 @@
 //! tests can write meaningful seeds (see `seeds/`).
 //!
 //! `arbitrary` 1.x reads integers as little-endian bytes, a `bool` as the low bit of a byte, an
-//! `Option` as a `bool` then the value, a `Vec` as (`true`, element)* then `false`, and an enum
-//! variant from a `u32` scaled to the variant count. Struct fields come in declaration order.
-//! The seed tests decode every encoding again and compare, so a change in `arbitrary`'s format
-//! or a field added without updating its `Encode` impl fails loudly instead of writing seeds
-//! that mean something else.
+//! `Option` as a `bool` then the value, an array element by element, a `Vec` as (`true`,
+//! element)* then `false`, and an enum variant from a `u32` scaled to the variant count. Struct
+//! fields come in declaration order. The seed tests decode every encoding again and compare, so
+//! a change in `arbitrary`'s format or a field added without updating its `Encode` impl fails
+//! loudly instead of writing seeds that mean something else.
 
 pub trait Encode {
     fn encode(&self, out: &mut Vec<u8>);
@@ -41,6 +41,12 @@ impl<T: Encode> Encode for Option<T> {
         if let Some(v) = self {
             v.encode(out);
         }
+    }
+}
+
+impl<T: Encode, const N: usize> Encode for [T; N] {
+    fn encode(&self, out: &mut Vec<u8>) {
+        self.iter().for_each(|v| v.encode(out));
     }
 }
 

@@ -117,12 +117,12 @@ impl RxPath {
         self.queue.as_mut().is_some_and(QueueRuntime::avail_pending)
     }
 
-    /// Records that rx lacked room at the current avail index.
+    /// Records that rx lacked room at the avail index it last read. Not a fresh one: buffers
+    /// the guest posted since the pop that found none (and kicked for) must not count as seen,
+    /// or rx would wait for more that never come.
     pub fn block(&mut self) {
-        let Some(q) = self.queue.as_mut() else { return };
-        match q.queue.avail_idx() {
-            Ok(at) => self.blocked = Some(at),
-            Err(e) => self.fail(e),
+        if let Some(q) = self.queue.as_ref() {
+            self.blocked = Some(q.queue.avail_idx_seen());
         }
     }
 
@@ -539,6 +539,22 @@ mod tests {
         assert!(rx.has_buffers());
         // Once moved on, it stays unblocked until the next block.
         assert!(!rx.still_blocked());
+    }
+
+    /// Found by the vhost_user fuzz target's liveness check: the null port's rx stalled for
+    /// good when the guest posted its buffers (and kicked) between the pop that found none and
+    /// `block`, which took them as already seen.
+    #[test]
+    fn buffers_posted_after_rx_lacked_room_wake_it_even_before_it_blocks() {
+        let (mut rx, mut driver, _mem) = rx_path(MRG);
+        assert_eq!(rx.deliver(&shared(), &mut frame(100)), Ok(Delivery::NoRoom));
+        post_rx(&mut driver, 1, 1024);
+        rx.block();
+        assert!(!rx.still_blocked(), "the new buffer was taken as seen");
+        assert_eq!(
+            rx.deliver(&shared(), &mut frame(100)),
+            Ok(Delivery::Delivered)
+        );
     }
 
     #[test]

@@ -111,6 +111,11 @@ impl DeviceQueue {
     pub fn next_avail(&self) -> u16 {
         self.last_avail
     }
+    /// `avail.idx` as last read (by a pop, `avail_pending` or `avail_idx`), without reading it
+    /// again: the device has seen no chain from there on.
+    pub fn avail_idx_seen(&self) -> u16 {
+        self.avail_cache
+    }
     /// The first protocol violation, if the queue is broken.
     pub fn broken(&self) -> Option<&Error> {
         self.broken.get()

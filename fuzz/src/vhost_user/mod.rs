@@ -1,37 +1,50 @@
 //! The `vhost_user` target: the backend's vhost-user protocol handler (rust-vmm `vhost`'s
-//! message layer dispatching to `virtnet_backend::vhost::Connection`) facing a hostile
-//! frontend, through a real unix socket pair and the same per-request loop as the backend's
-//! accept loop (`virtnet_backend::fuzzing::serve_one`).
+//! message layer dispatching to `virtnet_backend::vhost::Connection`) and its workers facing a
+//! hostile frontend, through a real unix socket pair and the same per-request loop as the
+//! backend's accept loop (`virtnet_backend::fuzzing::serve_one`).
 //!
-//! The input is a list of messages: a request code (one of those the spec defines, most of the
-//! time), header flags, a body built field by field (memory tables, ring addresses, ring
-//! states, config ranges) or raw, a header size that usually matches the body and sometimes
-//! does not, and the file descriptors a real frontend attaches (memfds for memory tables,
-//! eventfds for kick/call/err, a socket for the backend channel) or others. Each message goes
-//! out in one `sendmsg`, then the backend handles one request. An optional tail of raw bytes
-//! ends the stream (a truncated or garbage message before the frontend hangs up). The
-//! harness checks:
+//! The input picks the host port (echo, or null with a frame size) and is a list of steps. A
+//! step is a message: a request code (one of those the spec defines, most of the time), header
+//! flags, a body built field by field (memory tables, ring addresses, ring states, config
+//! ranges) or raw, a header size that usually matches the body and sometimes does not, and the
+//! file descriptors a real frontend attaches (memfds for memory tables, eventfds for
+//! kick/call/err, a socket for the backend channel) or others. Each message goes out in one
+//! `sendmsg`, then the backend handles one request. Or a step is the guest's traffic on the
+//! rings the frontend set up ([`guest`]): tx chains with any header and segmenting, rx chains of
+//! any sizes and counts, kicks, and waits for the workers. An optional tail of raw bytes ends
+//! the stream (a truncated or garbage message before the frontend hangs up). The harness
+//! checks:
 //!
-//! - nothing panics and nothing hangs (libFuzzer's `-timeout`);
+//! - nothing panics, in the protocol thread or a worker, and nothing hangs (libFuzzer's
+//!   `-timeout`);
 //! - every reply the backend sends is a well-formed reply to the request just sent, at most
 //!   one per request;
 //! - the device state stays in bounds (active pairs in 1..=pairs);
-//! - if the connection is still open after the messages, it answers a fresh GET_FEATURES
-//!   with the device's features; once it closes, the frontend sees the socket closed, and a
-//!   new connection to the same device answers GET_FEATURES correctly (the workers survived
-//!   the stop of every queue).
+//! - every tx header the guest posts gets the TAP port's verdict from `check_tx` that the
+//!   spec's rules give it ([`tx_header`]);
+//! - if the connection is still open after the steps, it answers a fresh GET_FEATURES with the
+//!   device's features; once it closes, the frontend sees the socket closed;
+//! - then, liveness ([`live`]): a well-behaved frontend connects to the same device, sets up
+//!   every pair and must see a frame move both ways on each within a second.
 //!
 //! [`protocol`] holds the vhost-user numbers the harness writes and checks, [`input`] the input
 //! types and the bytes each message becomes; this file sends them and checks what comes back.
 
+mod guest;
 mod input;
+mod live;
 mod protocol;
+mod tx_header;
 
+pub use guest::{Patience, FUZZING, SEEDS};
 pub use input::{
-    Body, Fds, Flags, Message, Region, Request, Size, UserAddr, VhostInput, MEMFD_PAGES,
+    Body, Fds, Flags, Frame, GuestOp, Hdr, Message, Port, Region, Request, Segment, Size, Step,
+    UserAddr, VhostInput, MAX_NULL_FRAME, MEMFD_PAGES,
 };
+pub use live::DEADLINE;
 pub use protocol::{
-    code, HEADER_LEN, MAX_BODY, NEED_REPLY, NOFD, PROTOCOL_FEATURES_BIT, REPLY, VERSION_1,
+    code, protocol_feature, HEADER_LEN, MAX_BODY, NEED_REPLY, NOFD, PROTOCOL_FEATURES_BIT, REPLY,
+    VERSION_1,
 };
 
 use std::io::{Read, Write};
@@ -40,7 +53,7 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 
-use virtnet_backend::{fuzzing, BackendConfig, Device, IoMode, Session};
+use virtnet_backend::{fuzzing, BackendConfig, Device, Session};
 use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 use vring::{GuestAddress, GuestMemory};
@@ -55,9 +68,16 @@ pub struct Outcome {
     pub closed: bool,
     /// Replies received, by request code.
     pub replies: Vec<u32>,
+    /// Chains the guest's drivers took, and used entries they got back.
+    pub posted: usize,
+    pub used: usize,
+    /// Virtqueues broken after the steps.
+    pub broken: Vec<usize>,
 }
 
-/// Whatever is attached to one message; dropped once sent (the backend has its own copies).
+/// Whatever is attached to one message. The backend has its own copies once it is sent; the
+/// guest keeps the memfds of a memory table and a kick eventfd, the rest is dropped.
+#[derive(Debug)]
 enum Attached {
     Memfd(GuestMemory),
     Eventfd(EventFd),
@@ -204,22 +224,35 @@ fn check_bounds(device: &Device) {
 
 /// The `vhost_user` fuzz target's body.
 pub fn run(input: &VhostInput) -> Outcome {
+    run_with(input, FUZZING)
+}
+
+/// The target's body, waiting for the workers as `patience` says.
+pub fn run_with(input: &VhostInput, patience: Patience) -> Outcome {
     let device = Device::new(BackendConfig {
         pairs: 1 + (input.pairs % 2) as u16,
-        io: IoMode::Null { size: 64 },
+        io: input.port.io_mode(),
         ..BackendConfig::default()
     })
     .expect("device");
     let mut out = Outcome::default();
+    let mut guest = guest::Guest::new(&device, input.port, patience);
     let mut c = Conn::open(&device);
-    for m in &input.messages {
+    for step in &input.steps {
+        let m = match step {
+            Step::Message(m) => m,
+            Step::Guest(op) => {
+                guest.apply(&device, op);
+                continue;
+            }
+        };
         let bytes = wire(m);
         let attached = attachments(m);
         let fds: Vec<RawFd> = attached.iter().map(Attached::raw_fd).collect();
         // The socket buffer holds far more than one message and its reply.
         let sent = c.frontend.send_with_fds(&[&bytes[..]], &fds).expect("send");
         assert_eq!(sent, bytes.len());
-        drop(attached);
+        guest.sent(m, attached);
         let open = c.serve();
         let (got, eof) = c.received();
         check_replies(&got, m.request.code(), &mut out.replies);
@@ -234,6 +267,10 @@ pub fn run(input: &VhostInput) -> Outcome {
         }
         out.handled += 1;
     }
+    (out.posted, out.used) = (guest.posted, guest.used);
+    out.broken = (0..device.num_queues())
+        .filter(|&q| device.counters(q).is_broken())
+        .collect();
     if !out.closed {
         match &input.tail {
             None => assert_answers_get_features(&mut c, &device),
@@ -249,10 +286,10 @@ pub fn run(input: &VhostInput) -> Outcome {
         }
     }
     c.close();
+    drop(guest);
     check_bounds(&device);
-    // The next frontend finds the device serving.
-    let mut next = Conn::open(&device);
-    assert_answers_get_features(&mut next, &device);
-    next.close();
+    // The next frontend finds the device serving, and moving frames.
+    live::assert_live(&device, input.port);
+    check_bounds(&device);
     out
 }

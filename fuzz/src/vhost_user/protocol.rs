@@ -6,6 +6,7 @@ pub mod code {
     pub const GET_FEATURES: u32 = 1;
     pub const SET_FEATURES: u32 = 2;
     pub const SET_OWNER: u32 = 3;
+    pub const RESET_OWNER: u32 = 4;
     pub const SET_MEM_TABLE: u32 = 5;
     pub const SET_LOG_BASE: u32 = 6;
     pub const SET_LOG_FD: u32 = 7;
@@ -40,3 +41,11 @@ pub const MAX_BODY: usize = 0x1000;
 pub const PROTOCOL_FEATURES_BIT: u64 = 1 << 30;
 /// VHOST_USER_VRING_NOFD_MASK: the kick/call/err message carries no fd.
 pub const NOFD: u64 = 0x100;
+
+/// vhost-user protocol features (spec, "Protocol features").
+pub mod protocol_feature {
+    pub const MQ: u64 = 1 << 0;
+    pub const REPLY_ACK: u64 = 1 << 3;
+    pub const MTU: u64 = 1 << 4;
+    pub const CONFIG: u64 = 1 << 9;
+}
