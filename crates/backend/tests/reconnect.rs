@@ -9,9 +9,11 @@
 
 use std::io::Write;
 use std::os::unix::net::UnixStream;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use testkit::inproc::{break_tx_ring, connect, echo_backend, echo_round, frame, Backend, WANTED};
+use testkit::inproc::{
+    block_rx_call, break_tx_ring, connect, echo_backend, echo_round, frame, Backend, WANTED,
+};
 use testkit::recovery::{self, Baseline, Usage};
 
 const CONNECTIONS: usize = 1000;
@@ -60,30 +62,15 @@ fn broken_tx_ring(b: &Backend) {
 /// frames echoed to rx: the worker's call blocks until the watchdog interrupts it, which
 /// breaks rx; the frontend then goes.
 fn blocking_call_fd(b: &Backend) {
-    use std::os::fd::AsFd;
     let mut p = connect(b, WANTED);
-    let call = &p.conn.queues[0].call;
-    virtnet_sys::set_nonblocking(call.as_fd(), false).unwrap();
-    call.to_eventfd().unwrap().write(u64::MAX - 1).unwrap();
-    for i in 0..8 {
-        p.tx.send(&frame(i, 64), vnet::NetHdr::default()).unwrap();
-    }
-    p.tx.flush();
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while b.device.reports()[0].counters.broken.is_none() && Instant::now() < deadline {
-        let _ = p.rx.poll(
-            64,
-            virtnet_driver::PollMode::Napi,
-            virtnet_driver::Frames(|_: &[u8]| {}),
-        );
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    let reason = b.device.reports()[0].counters.broken.clone();
+    let reason = block_rx_call(b, &mut p);
     assert!(
         reason
             .as_deref()
             .is_some_and(|r| r.contains("call eventfd")),
-        "rx not broken by its call eventfd: {reason:?}"
+        "rx not broken by its call eventfd: {reason:?}; rx {:?}; interrupted writes {}",
+        b.device.reports()[0].counters,
+        virtnet_sys::peer_fd::interrupted_writes()
     );
 }
 

@@ -231,3 +231,32 @@ pub fn break_tx_ring(b: &Backend, p: &Pair) -> Option<String> {
     crate::eventually(Duration::from_secs(10), || broken().is_some());
     broken()
 }
+
+/// Acts as a hostile frontend on `p` (an echo backend's connection): clears O_NONBLOCK on its
+/// rx call eventfd, which it shares with the backend, fills the counter to 2^64 - 2, then
+/// sends frames, which the backend echoes to rx, until the worker's call blocks and the
+/// watchdog's interrupt breaks rx. The driver does not poll rx meanwhile: its poll would read
+/// the counter back to 0 (and so unblock the write). Returns why rx broke, waiting up to 10 s
+/// (None if it did not).
+pub fn block_rx_call(b: &Backend, p: &mut Pair) -> Option<String> {
+    use std::os::fd::AsFd;
+    // A frame round trip first: the backend has then taken the call fd (and set O_NONBLOCK on
+    // it), which it may do after `connect` returns; and the poll re-enables rx callbacks.
+    assert_eq!(echo_round(p, 1, 64).len(), 1, "no echo");
+    // Fill the counter while the fd is still non-blocking (a call the device makes meanwhile
+    // would make the write overflow: read it back and try again), then make it blocking.
+    let call = &p.conn.queues[0].call;
+    let saturate = call.to_eventfd().unwrap();
+    while saturate.write(u64::MAX - 1).is_err() {
+        call.take().unwrap();
+    }
+    virtnet_sys::set_nonblocking(call.as_fd(), false).unwrap();
+    let broken = || b.device.reports()[0].counters.broken.clone();
+    // The next frame used on rx makes the worker call.
+    crate::eventually(Duration::from_secs(10), || {
+        let _ = p.tx.send(&frame(0, 64), NetHdr::default());
+        p.tx.flush();
+        broken().is_some()
+    });
+    broken()
+}
