@@ -215,6 +215,41 @@ fn an_indirect_table_longer_than_the_queue_breaks_tx_and_nothing_else() {
 }
 
 #[test]
+fn a_ring_error_only_busy_polling_sees_breaks_the_queue_and_is_reported() {
+    let exclusive = recovery::exclusive();
+    let b = start_backend(
+        "pollbreak",
+        BackendConfig {
+            io: IoMode::Echo,
+            busy_poll_us: 300_000,
+            ..Default::default()
+        },
+    );
+    let base = Baseline::take(&exclusive, &b);
+    let mut p = connect(&b, WANTED);
+    assert_eq!(echo_round(&mut p, 1, 64).len(), 1);
+    // The worker now busy-polls for 300 ms. Without a kick, the guest moves its tx avail
+    // index 300 ahead (more than the queue's 256): only the busy-poll loop reads it.
+    let rings = p.conn.queues[1].config.rings();
+    let idx = GuestAddress(rings.avail.0 + 2);
+    let mut now = [0u8; 2];
+    p.conn.mem.read(idx, &mut now).unwrap();
+    let ahead = u16::from_le_bytes(now).wrapping_add(300);
+    p.conn.mem.write(idx, &ahead.to_le_bytes()).unwrap();
+    let tx = || b.device.reports()[1].counters.broken.clone();
+    assert!(
+        testkit::eventually(Duration::from_secs(5), || tx().is_some()),
+        "the busy-poll loop's ring error was swallowed"
+    );
+    assert!(tx().unwrap().contains("avail"), "{:?}", tx());
+    // Reported as every break is: NEEDS_RESET in the device status.
+    let status = p.conn.get_status().unwrap().expect("STATUS negotiated");
+    assert_ne!(status & 0x40, 0, "NEEDS_RESET, status {status:#x}");
+    drop(p);
+    recovery::assert_recovered(&b, &base);
+}
+
+#[test]
 fn a_broken_tx_ring_stops_that_queue_and_rx_keeps_working() {
     let exclusive = recovery::exclusive();
     let b = start_backend(
