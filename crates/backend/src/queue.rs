@@ -186,6 +186,15 @@ pub fn break_queue(q: &QueueRuntime, e: &Error) {
     }
 }
 
+#[cold]
+fn break_faulted<'a>(queues: impl IntoIterator<Item = &'a QueueRuntime>) {
+    for q in queues {
+        if q.queue.memory().faulted() {
+            break_queue(q, &memory_faulted());
+        }
+    }
+}
+
 fn memory_faulted() -> Error {
     let e = vring::Error::InvalidMemory {
         reason: "a memory file shrank under its mapping",
@@ -201,16 +210,12 @@ pub struct FaultWatch(u64);
 impl FaultWatch {
     /// Breaks every queue of `queues` whose memory a fault replaced (the frontend shrank a
     /// memory file under its mapping; see vring's `memory::fault`), once a new fault is seen.
+    #[inline]
     pub fn check<'a>(&mut self, queues: impl IntoIterator<Item = &'a QueueRuntime>) {
         let seen = vring::memory::fault_count();
-        if seen == self.0 {
-            return;
-        }
-        self.0 = seen;
-        for q in queues {
-            if q.queue.memory().faulted() {
-                break_queue(q, &memory_faulted());
-            }
+        if seen != self.0 {
+            self.0 = seen;
+            break_faulted(queues);
         }
     }
 }

@@ -92,10 +92,15 @@ impl RxPath {
     }
 
     /// Gives back what the last frame made the chains grow to (see KEEP_CHAINS).
+    #[inline]
     fn trim(&mut self) {
-        if self.chains.len() <= KEEP_CHAINS && !self.grown {
-            return;
+        if self.chains.len() > KEEP_CHAINS || self.grown {
+            self.shrink_chains();
         }
+    }
+
+    #[cold]
+    fn shrink_chains(&mut self) {
         self.chains.truncate(KEEP_CHAINS);
         self.chains.shrink_to(KEEP_CHAINS);
         for c in &mut self.chains {

@@ -64,6 +64,7 @@ unsafe impl Send for Previous {}
 /// How many faults in guest memory this process has survived. A caller that remembers the
 /// last value it saw learns, with one load, whether to check its memory
 /// ([`super::GuestMemory::faulted`]).
+#[inline]
 pub fn fault_count() -> u64 {
     FAULTS.load(Ordering::Acquire)
 }
