@@ -12,7 +12,8 @@
 //!   EOPNOTSUPP): the write blocks when the peer has both cleared `O_NONBLOCK` and filled the
 //!   counter to its maximum. The writing thread is then interrupted by the stall watchdog
 //!   within two of its periods (250 ms each), and the write fails with
-//!   [`io::ErrorKind::Interrupted`]: the caller treats that fd as hostile and stops using it.
+//!   [`io::ErrorKind::Interrupted`]. That handle never writes again (later calls fail at once),
+//!   and the caller treats the fd as hostile: the backend breaks the queue.
 //!   Every thread that writes a peer fd is watched, from its first such write to its exit.
 //!
 //! The watchdog is one thread per process. It wakes only while some watched thread has used a
@@ -33,10 +34,13 @@ pub const WATCHDOG_PERIOD: Duration = Duration::from_millis(250);
 const IDLE_PERIODS: u32 = 4;
 
 /// An eventfd shared with the peer. Reads never block; writes are watched (see the module
-/// docs).
+/// docs), and once a write has blocked this handle never writes again.
 #[derive(Debug)]
 pub struct PeerEventFd {
     fd: OwnedFd,
+    /// A write through this handle blocked and was interrupted: the peer made the fd blocking
+    /// and filled it, so every later write would stall as long again.
+    blocked: AtomicBool,
 }
 
 impl PeerEventFd {
@@ -49,7 +53,7 @@ impl PeerEventFd {
         }
         // SAFETY: `raw` was just created and nothing else owns it.
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        Ok(PeerEventFd { fd })
+        Ok(PeerEventFd::wrap(fd))
     }
 
     /// Adopts a file the peer sent. Refuses (InvalidInput) anything but an eventfd: a pipe, a
@@ -63,7 +67,14 @@ impl PeerEventFd {
             ));
         }
         set_nonblocking(fd.as_fd())?;
-        Ok(PeerEventFd { fd })
+        Ok(PeerEventFd::wrap(fd))
+    }
+
+    fn wrap(fd: OwnedFd) -> PeerEventFd {
+        PeerEventFd {
+            fd,
+            blocked: AtomicBool::new(false),
+        }
     }
 
     /// Takes over an eventfd made by `vmm-sys-util` (in-process peers, fuzzing), setting
@@ -74,7 +85,7 @@ impl PeerEventFd {
         // owns now.
         let fd = unsafe { OwnedFd::from_raw_fd(e.into_raw_fd()) };
         set_nonblocking(fd.as_fd())?;
-        Ok(PeerEventFd { fd })
+        Ok(PeerEventFd::wrap(fd))
     }
 
     /// A `vmm-sys-util` eventfd on another descriptor of the same eventfd, for APIs that take
@@ -88,9 +99,7 @@ impl PeerEventFd {
 
     /// Another descriptor of the same eventfd (to send to the peer, or to keep for a test).
     pub fn try_clone(&self) -> io::Result<PeerEventFd> {
-        Ok(PeerEventFd {
-            fd: self.fd.try_clone()?,
-        })
+        Ok(PeerEventFd::wrap(self.fd.try_clone()?))
     }
 
     /// Consumes the counter: its value, or 0 when nothing was signalled. Never blocks.
@@ -122,8 +131,14 @@ impl PeerEventFd {
     /// Adds 1 to the counter. Err(WouldBlock) when the counter is at its maximum: the peer
     /// has notifications it has not read, so nothing is lost. Err(Interrupted) when the write
     /// blocked and the watchdog interrupted it: the peer made this fd blocking and saturated
-    /// it, and it should not be written again.
+    /// it. From then on every call fails at once (BrokenPipe) without writing.
     pub fn signal(&self) -> io::Result<()> {
+        if self.blocked.load(Ordering::Relaxed) {
+            return Err(io::Error::new(
+                io::ErrorKind::BrokenPipe,
+                "the peer made this eventfd block: no longer written",
+            ));
+        }
         let one = 1u64;
         let _watched = Watched::enter();
         // SAFETY: `one` is 8 readable bytes, live for the call.
@@ -132,6 +147,9 @@ impl PeerEventFd {
             return Ok(());
         }
         let e = io::Error::last_os_error();
+        if r < 0 && e.kind() == io::ErrorKind::Interrupted {
+            self.blocked.store(true, Ordering::Relaxed);
+        }
         match e.kind() {
             _ if r >= 0 => Err(io::Error::new(
                 io::ErrorKind::InvalidData,
@@ -401,12 +419,26 @@ mod tests {
         let t = std::thread::spawn(move || {
             let started = std::time::Instant::now();
             let r = e.signal();
-            (r.map_err(|e| e.kind()), started.elapsed())
+            let took = started.elapsed();
+            // It never writes again: no second stall.
+            let started = std::time::Instant::now();
+            let again = e.signal();
+            (
+                r.map_err(|e| e.kind()),
+                took,
+                again.map_err(|e| e.kind()),
+                started.elapsed(),
+            )
         });
-        let (r, took) = t.join().unwrap();
+        let (r, took, again, took_again) = t.join().unwrap();
         assert_eq!(r, Err(io::ErrorKind::Interrupted));
         assert!(took < 20 * WATCHDOG_PERIOD, "returned after {took:?}");
         assert!(interrupted_writes() > before);
+        assert_eq!(again, Err(io::ErrorKind::BrokenPipe));
+        assert!(
+            took_again < WATCHDOG_PERIOD,
+            "stalled again for {took_again:?}"
+        );
     }
 
     fn pipe() -> (File, File) {
