@@ -126,7 +126,7 @@ fn invalid_tx_headers_never_reach_the_tap_and_are_counted_by_reason() {
     drop(p);
 
     // What a user sees next: the backend alive and idle, a fresh connection's frames at the
-    // TAP within a second, the descriptors back.
+    // TAP within a second, the descriptors and memory back.
     recovery::assert_alive(&b);
     recovery::assert_idle(&b);
     let start = Instant::now();
@@ -142,5 +142,11 @@ fn invalid_tx_headers_never_reach_the_tap_and_are_counted_by_reason() {
     drop(p);
     let now = Usage::settled(&b);
     assert_eq!(now.fds, base.fds, "descriptors, after the case and before");
+    assert!(
+        now.rss_kib <= base.rss_kib + recovery::RSS_SLACK_KIB,
+        "resident memory {} KiB, {} KiB before the case",
+        now.rss_kib,
+        base.rss_kib
+    );
     drop(exclusive);
 }

@@ -544,6 +544,39 @@ mod tests {
     }
 
     #[test]
+    fn a_kick_fd_the_backend_makes_block_stalls_the_driver_once_not_on_every_kick() {
+        use std::os::fd::AsFd;
+        use std::time::{Duration, Instant};
+        let features = Features::VERSION_1;
+        let (mem, setup, mut alloc) = hand_built(1, 64, features);
+        let mut tx = TxQueue::new(&setup, &mem, &mut alloc, 256).unwrap();
+        // The backend clears O_NONBLOCK on the shared description and fills the counter.
+        setup
+            .kick
+            .to_eventfd()
+            .unwrap()
+            .write(u64::MAX - 1)
+            .unwrap();
+        virtnet_sys::set_nonblocking(setup.kick.as_fd(), false).unwrap();
+        let started = Instant::now();
+        assert!(tx.send(&[0u8; 60], NetHdr::default()).unwrap());
+        tx.flush();
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "the watchdog freed it"
+        );
+        assert_eq!(tx.counters.kick_errors.get(), 1);
+        // The next kicks fail at once.
+        let started = Instant::now();
+        for _ in 0..3 {
+            assert!(tx.send(&[0u8; 60], NetHdr::default()).unwrap());
+            tx.flush();
+        }
+        assert!(started.elapsed() < Duration::from_millis(200));
+        assert!(tx.counters.kick_errors.get() >= 2);
+    }
+
+    #[test]
     fn capacity_stop_stops_while_a_worst_case_packet_still_fits() {
         let mut r = rig(64);
         let sent = r.fill();
