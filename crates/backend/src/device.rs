@@ -119,6 +119,15 @@ impl Device {
         }
     }
 
+    /// Stops every running queue on its worker, as GET_VRING_BASE would: used batches are
+    /// published and calls held by coalescing sent. For shutting down (SIGTERM); a worker
+    /// that does not answer in 5 s is skipped. Returns how many queues were running.
+    pub fn stop_all_queues(&self) -> usize {
+        QueueId::all(self.pairs())
+            .filter(|&id| matches!(self.worker(id).stop(id), Ok(Some(_))))
+            .count()
+    }
+
     /// Sets the busy-poll timeout of one queue, or of all.
     pub fn set_busy_poll(&self, us: u32, queue: Option<usize>) -> Result<(), String> {
         let m = &self.shared.tunables;

@@ -76,6 +76,9 @@ pub fn run(args: BackendArgs) -> Result<(), Box<dyn std::error::Error>> {
         println!("{{\n  \"type\": \"net\"\n}}");
         return Ok(());
     }
+    // Before any thread starts, so that SIGTERM and SIGINT reach only the thread waiting
+    // for them.
+    let signals = virtnet_sys::signals::TerminationSignals::block()?;
     match virtnet_sys::raise_nofile_limit() {
         Ok(n) => tracing::debug!(open_files = n, "open file limit"),
         Err(e) => tracing::warn!(error = %e, "cannot raise the open file limit"),
@@ -126,6 +129,30 @@ pub fn run(args: BackendArgs) -> Result<(), Box<dyn std::error::Error>> {
             .name("virtnet-metrics".into())
             .spawn(move || ctl::serve_metrics(d, l))?;
     }
+    // SIGTERM or SIGINT: stop the queues (used batches published), remove the sockets this
+    // process created, exit 0. A second one exits at once.
+    let created: Vec<PathBuf> = [args.socket_path.clone(), args.ctl.clone()]
+        .into_iter()
+        .flatten()
+        .collect();
+    let d = device.clone();
+    std::thread::Builder::new()
+        .name("virtnet-signals".into())
+        .spawn(move || {
+            let Ok(sig) = signals.wait() else { return };
+            tracing::info!(signal = sig, "stopping");
+            std::thread::spawn(move || {
+                if let Ok(sig) = signals.wait() {
+                    std::process::exit(128 + sig);
+                }
+            });
+            let stopped = d.stop_all_queues();
+            for path in &created {
+                let _ = std::fs::remove_file(path);
+            }
+            tracing::info!(queues = stopped, "stopped");
+            std::process::exit(0);
+        })?;
     tracing::info!(pairs = args.queues, "virtnet backend ready");
     virtnet_backend::serve(device, listener, Arc::new(AtomicBool::new(false)))?;
     Ok(())

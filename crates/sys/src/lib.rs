@@ -11,6 +11,7 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixListener;
 
 pub mod peer_fd;
+pub mod signals;
 pub mod tap;
 
 pub use peer_fd::PeerEventFd;

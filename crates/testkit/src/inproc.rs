@@ -134,8 +134,14 @@ pub fn connect(b: &Backend, wanted: Features) -> Pair {
 
 /// Like [`connect`], with rx buffers of `rx_buf` bytes.
 pub fn connect_rx(b: &Backend, wanted: Features, rx_buf: u32) -> Pair {
+    connect_socket(&b.socket, wanted, rx_buf)
+}
+
+/// Our driver on the backend listening at `socket` (in this process or another), both queues
+/// of pair 0 running, rx buffers of `rx_buf` bytes.
+pub fn connect_socket(socket: &std::path::Path, wanted: Features, rx_buf: u32) -> Pair {
     let mut conn = Connection::connect(
-        &b.socket,
+        socket,
         2,
         256,
         wanted,
