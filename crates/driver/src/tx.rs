@@ -516,18 +516,18 @@ mod tests {
         }
     }
 
+    /// Fills an eventfd's counter to its maximum, 2^64 - 2: the next write would overflow.
+    fn fill_counter(e: &PeerEventFd) {
+        e.to_eventfd().unwrap().write(u64::MAX - 1).unwrap();
+    }
+
     #[test]
     fn a_kick_the_device_cannot_take_is_counted() {
         let features = Features::VERSION_1;
         let (mem, setup, mut alloc) = hand_built(1, 64, features);
         let mut tx = TxQueue::new(&setup, &mem, &mut alloc, 256).unwrap();
         // An eventfd one short of its limit refuses the next write (EAGAIN).
-        setup
-            .kick
-            .to_eventfd()
-            .unwrap()
-            .write(u64::MAX - 1)
-            .unwrap();
+        fill_counter(&setup.kick);
         assert!(tx.send(&[0u8; 60], NetHdr::default()).unwrap());
         tx.flush();
         assert_eq!(
@@ -551,12 +551,7 @@ mod tests {
         let (mem, setup, mut alloc) = hand_built(1, 64, features);
         let mut tx = TxQueue::new(&setup, &mem, &mut alloc, 256).unwrap();
         // The backend clears O_NONBLOCK on the shared description and fills the counter.
-        setup
-            .kick
-            .to_eventfd()
-            .unwrap()
-            .write(u64::MAX - 1)
-            .unwrap();
+        fill_counter(&setup.kick);
         virtnet_sys::set_nonblocking(setup.kick.as_fd(), false).unwrap();
         let started = Instant::now();
         assert!(tx.send(&[0u8; 60], NetHdr::default()).unwrap());

@@ -11,9 +11,6 @@ pub struct TerminationSignals {
     set: libc::sigset_t,
 }
 
-// SAFETY: a sigset_t is plain data (a bit mask).
-unsafe impl Send for TerminationSignals {}
-
 impl TerminationSignals {
     pub fn block() -> io::Result<TerminationSignals> {
         // SAFETY: sigset_t is plain old data; sigemptyset initialises it.

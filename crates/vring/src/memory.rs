@@ -179,14 +179,7 @@ impl GuestMemory {
                 // Mapping past the end of the file would map pages that fault with SIGBUS on
                 // first access: refuse it here. (A frontend that shrinks the file later is
                 // handled by `fault`.)
-                check_ram_file(&s.file)?;
-                let file_len = s
-                    .file
-                    .metadata()
-                    .map_err(|e| Error::Mmap {
-                        reason: e.to_string(),
-                    })?
-                    .len();
+                let file_len = check_ram_file(&s.file)?;
                 if s.mmap_offset
                     .checked_add(s.size)
                     .is_none_or(|end| end > file_len)
@@ -576,28 +569,30 @@ unsafe impl<T: SharedAtomic> Send for SharedSlice<T> {}
 #[cfg(not(loom))]
 unsafe impl<T: SharedAtomic> Sync for SharedSlice<T> {}
 
-/// Refuses a region file that cannot be guest RAM: anything but tmpfs (memfds, /dev/shm) and
-/// hugetlbfs, the filesystems QEMU's and DPDK's shared memory live on. A regular file on a
-/// disk filesystem, a device node or a socket would make every ring access file I/O, or
-/// something else altogether.
-fn check_ram_file(file: &File) -> Result<(), Error> {
+/// Refuses a region file that cannot be guest RAM: anything but a regular file on tmpfs
+/// (memfds, /dev/shm) or hugetlbfs, the filesystems QEMU's and DPDK's shared memory live on. A
+/// file on a disk filesystem, a device node or a socket would make every ring access file I/O,
+/// or something else altogether. Returns the file's length.
+fn check_ram_file(file: &File) -> Result<u64, Error> {
     const TMPFS_MAGIC: i64 = 0x0102_1994;
     const HUGETLBFS_MAGIC: i64 = 0x9584_58f6;
-    // SAFETY: statfs is plain old data; fstatfs fills it.
-    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
-    // SAFETY: `st` is a valid, writable statfs; the descriptor is open for the call.
-    if unsafe { libc::fstatfs(file.as_raw_fd(), &mut st) } < 0 {
-        return Err(Error::Mmap {
-            reason: io::Error::last_os_error().to_string(),
-        });
-    }
-    if !file.metadata().is_ok_and(|m| m.is_file()) {
+    let os_error = |e: io::Error| Error::Mmap {
+        reason: e.to_string(),
+    };
+    let meta = file.metadata().map_err(os_error)?;
+    if !meta.is_file() {
         return Err(Error::InvalidMemory {
             reason: "region file is not a regular file",
         });
     }
+    // SAFETY: statfs is plain old data; fstatfs fills it.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `st` is a valid, writable statfs; the descriptor is open for the call.
+    if unsafe { libc::fstatfs(file.as_raw_fd(), &mut st) } < 0 {
+        return Err(os_error(io::Error::last_os_error()));
+    }
     match st.f_type as i64 {
-        TMPFS_MAGIC | HUGETLBFS_MAGIC => Ok(()),
+        TMPFS_MAGIC | HUGETLBFS_MAGIC => Ok(meta.len()),
         _ => Err(Error::InvalidMemory {
             reason: "region file is not on tmpfs or hugetlbfs (not a memfd or shared memory)",
         }),

@@ -52,14 +52,7 @@ static REGISTRY: [Slot; SLOTS] = [FREE; SLOTS];
 static FAULTS: AtomicU64 = AtomicU64::new(0);
 
 /// The SIGBUS action before ours, called for faults that are not in guest memory.
-static PREVIOUS: OnceLock<Previous> = OnceLock::new();
-
-/// A `sigaction`, which holds no pointer to anything but code.
-struct Previous(libc::sigaction);
-// SAFETY: a sigaction is plain data: a handler address, a mask and flags.
-unsafe impl Sync for Previous {}
-// SAFETY: as above.
-unsafe impl Send for Previous {}
+static PREVIOUS: OnceLock<libc::sigaction> = OnceLock::new();
 
 /// How many faults in guest memory this process has survived. A caller that remembers the
 /// last value it saw learns, with one load, whether to check its memory
@@ -129,7 +122,7 @@ fn install_handler() -> Result<(), Error> {
             FAILED.store(true, Ordering::Relaxed);
             return;
         }
-        let _ = PREVIOUS.set(Previous(previous));
+        let _ = PREVIOUS.set(previous);
     });
     if FAILED.load(Ordering::Relaxed) {
         return Err(Error::Mmap {
@@ -173,7 +166,7 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
     // Not guest memory (or it could not be replaced): what would have happened without us.
     // Unset only in the moment between installing our handler and recording the previous
     // one: the default action then.
-    match PREVIOUS.get().map(|p| &p.0) {
+    match PREVIOUS.get() {
         Some(p) if p.sa_sigaction != libc::SIG_DFL && p.sa_sigaction != libc::SIG_IGN => {
             if p.sa_flags & libc::SA_SIGINFO != 0 {
                 // SAFETY: the previous handler was installed with SA_SIGINFO, so it has this
