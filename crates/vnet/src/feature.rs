@@ -23,6 +23,8 @@ pub const HOST_TSO6: Features = bit(net::VIRTIO_NET_F_HOST_TSO6);
 pub const HOST_ECN: Features = bit(net::VIRTIO_NET_F_HOST_ECN);
 pub const HOST_UFO: Features = bit(net::VIRTIO_NET_F_HOST_UFO);
 pub const HOST_USO: Features = bit(net::VIRTIO_NET_F_HOST_USO);
+pub const GUEST_USO4: Features = bit(net::VIRTIO_NET_F_GUEST_USO4);
+pub const GUEST_USO6: Features = bit(net::VIRTIO_NET_F_GUEST_USO6);
 pub const MRG_RXBUF: Features = bit(net::VIRTIO_NET_F_MRG_RXBUF);
 pub const STATUS: Features = bit(net::VIRTIO_NET_F_STATUS);
 pub const CTRL_VQ: Features = bit(net::VIRTIO_NET_F_CTRL_VQ);
@@ -50,6 +52,8 @@ const NAMES: &[(Features, &str)] = &[
     (HOST_ECN, "HOST_ECN"),
     (HOST_UFO, "HOST_UFO"),
     (HOST_USO, "HOST_USO"),
+    (GUEST_USO4, "GUEST_USO4"),
+    (GUEST_USO6, "GUEST_USO6"),
     (MRG_RXBUF, "MRG_RXBUF"),
     (STATUS, "STATUS"),
     (CTRL_VQ, "CTRL_VQ"),
