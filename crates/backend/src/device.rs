@@ -13,7 +13,7 @@ use super::ctrlq::CtrlWorker;
 use super::host::{echo::EchoPort, null::NullPort, tap::TapPort, Host};
 use super::metrics::{QueueCounters, QueueReport};
 use super::queue::QueueId;
-use super::shared::{check_pairs, device_features, mac_to_u64, BackendConfig, IoMode, Shared};
+use super::shared::{check_pairs, mac_to_u64, BackendConfig, IoMode, Shared};
 use super::thread::WorkerHandle;
 use super::worker::Worker;
 use virtnet_sys::tap::{TapOffloads, TapQueue};
@@ -56,6 +56,9 @@ impl Device {
             for _ in 0..config.pairs {
                 let q = TapQueue::open(name)?;
                 q.set_vnet_hdr_len(vnet::HDR_LEN)?;
+                if let Some(bytes) = config.tap_sndbuf {
+                    q.set_sndbuf(bytes)?;
+                }
                 taps.push(TapQueue::open_clone(&q)?);
                 tap_queues.push(q);
             }
@@ -105,7 +108,7 @@ impl Device {
         self.shared.config.mtu
     }
     pub fn offered_features(&self) -> Features {
-        device_features(self.shared.config.pairs)
+        self.shared.offered
     }
     /// The counters of virtqueue `queue`, by index.
     pub fn counters(&self, queue: usize) -> Arc<QueueCounters> {

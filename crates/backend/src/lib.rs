@@ -44,4 +44,6 @@ pub use device::{Device, DeviceReport};
 pub use error::Error;
 pub use queue::{QueueId, QueueRuntime};
 pub use session::{serve, serve_connection, RequestHandler, Session};
-pub use shared::{device_features, BackendConfig, IoMode, Shared, MAX_PAIRS, PROTOCOL_FEATURES};
+pub use shared::{
+    device_features, tap_features, BackendConfig, IoMode, Shared, MAX_PAIRS, PROTOCOL_FEATURES,
+};

@@ -29,8 +29,12 @@ vnet::counters! {
         /// Frames moved (tx: guest to host; rx: host to guest) and their bytes, headers excluded.
         packets,
         bytes,
-        /// Frames dropped: a TAP write failed, or a frame did not fit the posted buffers.
+        /// Frames dropped: a TAP write failed for another reason than a full send buffer, or
+        /// a frame did not fit the posted buffers.
         dropped,
+        /// tx frames the host port could not take yet (the TAP's send buffer was full): each
+        /// stayed on the tx ring and went once the TAP took frames again.
+        host_pushback,
         /// Kick eventfd wake-ups received.
         kicks,
         /// Call eventfd writes, and notifications the driver's event index or flags suppressed.

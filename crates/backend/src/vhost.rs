@@ -282,6 +282,8 @@ impl VhostUserBackendReqHandlerMut for Connection {
             tso4: acked.contains(feature::GUEST_TSO4),
             tso6: acked.contains(feature::GUEST_TSO6),
             ecn: acked.contains(feature::GUEST_ECN),
+            // The TAP takes USO for both IP versions or neither.
+            uso: acked.contains(feature::GUEST_USO4 | feature::GUEST_USO6),
         };
         self.device
             .configure_tap(vnet::hdr_len(acked), offloads)

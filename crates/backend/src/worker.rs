@@ -68,8 +68,12 @@ pub struct Worker<H: Host> {
     epoll: Epoll,
     /// Fires when a call held back by coalescing is due.
     timer: TimerFd,
-    /// Whether epoll watches the host port's fd (only while rx has buffers to receive into).
-    host_armed: bool,
+    /// What epoll watches the host port's fd for: readable while rx has buffers to receive
+    /// into, writable while tx waits for the port to take frames again.
+    host_armed: EventSet,
+    /// The host port pushed back (`Sent::Busy`): the frame stays on the tx ring, and tx does
+    /// not run (nor take kicks) until the port is writable.
+    tx_waits_host: bool,
     chain: Chain,
     faults: FaultWatch,
 }
@@ -85,7 +89,8 @@ impl<H: Host> Worker<H> {
             inbox,
             epoll: Epoll::new()?,
             timer: TimerFd::new()?,
-            host_armed: false,
+            host_armed: EventSet::empty(),
+            tx_waits_host: false,
             chain: Chain::new(),
             faults: FaultWatch::default(),
         })
@@ -201,6 +206,7 @@ impl<H: Host> Worker<H> {
                             self.host.rx_started(q);
                         }
                     } else {
+                        self.tx_waits_host = false;
                         install_queue(&self.epoll, &mut self.tx, *q, EV_TX_KICK);
                     }
                 }
@@ -217,6 +223,7 @@ impl<H: Host> Worker<H> {
                     } else {
                         // The longest chain the guest sent stays allocated in it.
                         self.chain = Chain::new();
+                        self.tx_waits_host = false;
                         self.tx.take()
                     };
                     let _ = reply.send(q.map(|q| retire_queue(&self.epoll, q)));
@@ -238,6 +245,12 @@ impl<H: Host> Worker<H> {
         let Some(tx) = self.tx.as_mut().filter(|q| q.usable()) else {
             return turn;
         };
+        if self.tx_waits_host {
+            if !self.host.writable() {
+                return turn;
+            }
+            self.tx_waits_host = false;
+        }
         let hdr_len = vnet::hdr_len(tx.queue.config().features());
         let mut bytes = 0u64;
         let result: Result<(), RingError> = loop {
@@ -267,6 +280,13 @@ impl<H: Host> Worker<H> {
                     // No room in rx: leave the frame on tx until the guest posts more.
                     tx.queue.undo_pop(1);
                     self.rx.block();
+                    break Ok(());
+                }
+                Ok(Sent::Busy) => {
+                    // The host cannot take it yet: leave it on tx until the host is writable.
+                    tx.queue.undo_pop(1);
+                    tx.counters.host_pushback.add(1);
+                    self.tx_waits_host = true;
                     break Ok(());
                 }
                 Err(e) => break Err(e),
@@ -339,9 +359,9 @@ impl<H: Host> Worker<H> {
         turn
     }
 
-    /// Whether the tx ring has frames; a ring error breaks tx.
+    /// Whether the tx ring has frames the host can take now; a ring error breaks tx.
     fn tx_pending(&mut self) -> bool {
-        self.tx.as_mut().is_some_and(QueueRuntime::avail_pending)
+        !self.tx_waits_host && self.tx.as_mut().is_some_and(QueueRuntime::avail_pending)
     }
 
     /// Spins with notifications off until work shows up, other work is pending, the CPU is
@@ -370,13 +390,16 @@ impl<H: Host> Worker<H> {
             if self.tx_pending() && (!H::LOOPBACK || self.rx_can_take()) {
                 break PollExit::Hit;
             }
+            let every = spins.is_multiple_of(H::POLL_EVERY);
+            if self.tx_waits_host && every && self.host.writable() {
+                break PollExit::Hit;
+            }
             // Poll the host side for rx while waiting on tx, when the guest has posted
             // buffers to receive into (and has posted more since rx last ran out of room).
             let host_ready = poll_rx
                 && self.active()
                 && !self.rx.still_blocked()
-                && (self.host.holds_frame()
-                    || (spins.is_multiple_of(H::POLL_EVERY) && self.host.has_frames()));
+                && (self.host.holds_frame() || (every && self.host.has_frames()));
             if host_ready && self.rx.has_buffers() {
                 break PollExit::Hit;
             }
@@ -399,10 +422,16 @@ impl<H: Host> Worker<H> {
         Some(exit)
     }
 
-    /// Enables notifications on both queues; returns true if either re-check found work.
+    /// Enables notifications on both queues (not on tx while it waits for the host: its
+    /// kicks would tell nothing new); returns true if either re-check found work.
     fn arm_notifications(&mut self) -> bool {
         let mut pending = false;
-        for q in self.queues().filter(|q| q.usable()) {
+        let tx_waits = self.tx_waits_host;
+        let queues = [
+            self.tx.as_mut().filter(|_| !tx_waits),
+            self.rx.queue.as_mut(),
+        ];
+        for q in queues.into_iter().flatten().filter(|q| q.usable()) {
             match q.queue.enable_notification() {
                 Ok(p) => pending |= p,
                 Err(e) => break_queue(q, &e.into()),
@@ -415,26 +444,28 @@ impl<H: Host> Worker<H> {
         runnable
     }
 
-    /// Watches the host port's fd in epoll only while rx has buffers: a readable TAP with
-    /// nowhere to put its frames must not wake us (level-triggered epoll would spin); the rx
-    /// kick will.
+    /// Watches the host port's fd in epoll for reading only while rx has buffers: a readable
+    /// TAP with nowhere to put its frames must not wake us (level-triggered epoll would spin);
+    /// the rx kick will. And for writing only while tx waits for the host.
     fn arm_host(&mut self) {
         let Some(fd) = self.host.fd() else { return };
+        let mut want = EventSet::empty();
         // With a frame already waiting for buffers, the fd has nothing to tell us.
-        let want = !self.host.holds_frame() && !self.rx.still_blocked() && self.rx.has_buffers();
+        if !self.host.holds_frame() && !self.rx.still_blocked() && self.rx.has_buffers() {
+            want |= EventSet::IN;
+        }
+        if self.tx_waits_host {
+            want |= EventSet::OUT;
+        }
         if want == self.host_armed {
             return;
         }
-        let r = if want {
-            self.epoll.ctl(
-                ControlOperation::Add,
-                fd,
-                EpollEvent::new(EventSet::IN, EV_HOST),
-            )
-        } else {
-            self.epoll
-                .ctl(ControlOperation::Delete, fd, EpollEvent::default())
+        let op = match (self.host_armed.is_empty(), want.is_empty()) {
+            (true, _) => ControlOperation::Add,
+            (false, true) => ControlOperation::Delete,
+            (false, false) => ControlOperation::Modify,
         };
+        let r = self.epoll.ctl(op, fd, EpollEvent::new(want, EV_HOST));
         match r {
             Ok(()) => self.host_armed = want,
             // Not watched: rx then runs on the guest's kicks and busy polling only.
@@ -461,5 +492,141 @@ impl<H: Host> Worker<H> {
 
     fn disarm_notifications(&mut self) {
         self.queues().for_each(|q| q.queue.disable_notification());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::fs::File;
+    use std::io::Read;
+    use std::os::fd::{AsFd, OwnedFd, RawFd};
+
+    use vring::{Features, GuestMemory};
+
+    use super::*;
+    use crate::host::Received;
+    use crate::testing::{setup_sized, shared};
+    use crate::thread::WorkerHandle;
+
+    /// A host port that writes guest tx frames into a one-page pipe, as a TAP with a full send
+    /// buffer pushes back: EAGAIN once the pipe is full, writable again once it is read.
+    struct PipePort {
+        pipe: File,
+    }
+
+    impl Host for PipePort {
+        fn send(
+            &mut self,
+            mem: &GuestMemory,
+            chain: &Chain,
+            _rx: &mut RxPath,
+            _shared: &Shared,
+        ) -> Result<Sent, RingError> {
+            Ok(match mem.writev_to(self.pipe.as_fd(), chain.readable())? {
+                Ok(_) => Sent::Taken,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Sent::Busy,
+                Err(_) => Sent::Dropped,
+            })
+        }
+
+        fn receive(&mut self, _: &mut RxPath, _: &Shared, _: usize) -> Result<Received, RingError> {
+            Ok(Received::default())
+        }
+
+        fn has_frames(&self) -> bool {
+            false
+        }
+
+        fn writable(&self) -> bool {
+            virtnet_sys::writable_now(self.pipe.as_raw_fd())
+        }
+
+        fn fd(&self) -> Option<RawFd> {
+            Some(self.pipe.as_raw_fd())
+        }
+    }
+
+    /// A non-blocking pipe (64 KiB, the default): (read end, write end).
+    fn pipe() -> (File, File) {
+        let (rd, wr) = std::io::pipe().unwrap();
+        for end in [rd.as_fd(), wr.as_fd()] {
+            virtnet_sys::set_nonblocking(end, true).unwrap();
+        }
+        (OwnedFd::from(rd).into(), OwnedFd::from(wr).into())
+    }
+
+    /// User plus system CPU time of this process's thread `name`, in clock ticks.
+    fn thread_ticks(name: &str) -> u64 {
+        for t in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
+            let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+            if comm.trim_end() == name {
+                let stat = std::fs::read_to_string(t.path().join("stat")).unwrap();
+                let after = &stat[stat.rfind(')').unwrap() + 2..];
+                let f: Vec<&str> = after.split(' ').collect();
+                return f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap();
+            }
+        }
+        panic!("no thread {name}");
+    }
+
+    #[test]
+    fn a_frame_the_host_cannot_take_stays_on_the_ring_and_goes_when_it_can() {
+        const FRAMES: u32 = 200;
+        const LEN: u32 = 2000;
+        let (mut rd, wr) = pipe();
+        let shared = Arc::new(shared());
+        let s = setup_sized(QueueId::Tx(0), Features::VERSION_1, 256);
+        let (mut driver, mem, counters) = (s.driver, s.mem, s.runtime.counters.clone());
+        for i in 0..FRAMES {
+            // Each frame: its number in every byte (after the 12-byte header, zero).
+            let addr = testkit::Pair::buf(i as u64, LEN);
+            let mut bytes = vec![i as u8; LEN as usize];
+            bytes[..vnet::HDR_LEN].fill(0);
+            mem.write(addr.addr, &bytes).unwrap();
+            driver.add(&[addr], &[], i).unwrap();
+        }
+        let name = "t-pushback";
+        let wake = vmm_sys_util::eventfd::EventFd::new(libc::EFD_NONBLOCK).unwrap();
+        let worker = WorkerHandle::spawn(name.into(), wake, move |inbox| {
+            let port = PipePort { pipe: wr };
+            Worker::new(0, port, shared, inbox).unwrap().run().unwrap();
+        })
+        .unwrap();
+        worker.start(s.runtime);
+        // The pipe holds about 32 frames: the worker fills it, then waits, without spinning.
+        assert!(testkit::eventually(Duration::from_secs(5), || {
+            counters.host_pushback.get() > 0
+        }));
+        let ticks = thread_ticks(name);
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(
+            thread_ticks(name) <= ticks + 3,
+            "the worker spun while the host pushed back"
+        );
+        // Read slowly: every frame arrives, in order, none dropped.
+        let mut got = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while got.len() < (FRAMES * LEN) as usize && Instant::now() < deadline {
+            let mut buf = [0u8; 3000];
+            match rd.read(&mut buf) {
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+                Err(_) => std::thread::sleep(Duration::from_millis(1)),
+            }
+        }
+        assert_eq!(got.len(), (FRAMES * LEN) as usize, "frames lost");
+        for (i, f) in got.chunks(LEN as usize).enumerate() {
+            assert!(
+                f[vnet::HDR_LEN..].iter().all(|&b| b == i as u8),
+                "frame {i}"
+            );
+        }
+        let c = counters.snapshot();
+        assert_eq!((c.packets, c.dropped), (FRAMES as u64, 0));
+        assert!(
+            c.host_pushback >= 4,
+            "pushed back {} times",
+            c.host_pushback
+        );
+        drop(worker);
     }
 }

@@ -63,6 +63,11 @@ pub struct BackendArgs {
     /// Pin the data workers to this CPU.
     #[arg(long)]
     worker_cpu: Option<usize>,
+    /// A send buffer for the TAP in bytes (TUNSETSNDBUF): guest tx the kernel may hold before
+    /// the TAP pushes back and frames wait on the tx ring. Default: the kernel's, unlimited
+    /// (as QEMU's); a limit costs about 13% per frame written.
+    #[arg(long, value_parser = clap::value_parser!(i32).range(1..))]
+    tap_sndbuf: Option<i32>,
     /// Control socket for `virtnet ctl`.
     #[arg(long)]
     ctl: Option<PathBuf>,
@@ -102,6 +107,7 @@ pub fn run(args: BackendArgs) -> Result<(), Box<dyn std::error::Error>> {
         used_batch: args.used_batch,
         poll_rx_from_tx: !args.no_poll_rx_from_tx,
         worker_cpu: args.worker_cpu,
+        tap_sndbuf: args.tap_sndbuf,
     };
     let listener = match (&args.socket_path, args.fd) {
         (Some(path), _) => {

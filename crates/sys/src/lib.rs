@@ -165,14 +165,23 @@ pub fn pin_thread(cpu: usize) -> io::Result<()> {
 /// Whether `fd` is readable now (poll with a zero timeout): the cheap "does the TAP have a
 /// frame" test of busy polling.
 pub fn readable_now(fd: RawFd) -> bool {
+    ready_now(fd, libc::POLLIN)
+}
+
+/// Whether `fd` is writable now (poll with a zero timeout): "does the TAP take frames again".
+pub fn writable_now(fd: RawFd) -> bool {
+    ready_now(fd, libc::POLLOUT)
+}
+
+fn ready_now(fd: RawFd, events: libc::c_short) -> bool {
     let mut p = libc::pollfd {
         fd,
-        events: libc::POLLIN,
+        events,
         revents: 0,
     };
     // SAFETY: `p` is a valid pollfd for the duration of the call; nfds = 1.
     let r = unsafe { libc::poll(&mut p, 1, 0) };
-    r > 0 && p.revents & libc::POLLIN != 0
+    r > 0 && p.revents & events != 0
 }
 
 /// Waits up to `timeout_ms` (negative: forever) for `fd` to become readable.

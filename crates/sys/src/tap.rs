@@ -23,6 +23,17 @@ pub struct TapOffloads {
     pub tso4: bool,
     pub tso6: bool,
     pub ecn: bool,
+    /// UDP segmentation (TUN_F_USO4 and TUN_F_USO6: Linux takes both or neither).
+    pub uso: bool,
+}
+
+/// What the running kernel's TAP driver takes, found by trying (TUNSETOFFLOAD refuses bits it
+/// does not know, "a way to test for new features").
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TapSupport {
+    /// TUN_F_USO4/6 (Linux 6.2): the TAP hands out UDP_L4 GSO frames, and takes them, since
+    /// `virtio_net_hdr_to_skb` learned VIRTIO_NET_HDR_GSO_UDP_L4 in the same release.
+    pub uso: bool,
 }
 
 /// One queue (file descriptor) of a multi-queue TAP device, non-blocking.
@@ -116,7 +127,14 @@ impl TapQueue {
             if o.ecn && (o.tso4 || o.tso6) {
                 f |= libc::TUN_F_TSO_ECN;
             }
+            if o.uso {
+                f |= libc::TUN_F_USO4 | libc::TUN_F_USO6;
+            }
         }
+        self.set_offload_bits(f)
+    }
+
+    fn set_offload_bits(&self, f: libc::c_uint) -> io::Result<()> {
         // SAFETY: TUNSETOFFLOAD takes its flags by value.
         unsafe {
             ioctl_val(
@@ -125,6 +143,23 @@ impl TapQueue {
                 f as libc::c_ulong,
             )
         }
+    }
+
+    /// Probes what this kernel's TAP takes, leaving the queue with no offloads (as a new one).
+    pub fn probe(&self) -> TapSupport {
+        let uso = self
+            .set_offload_bits(libc::TUN_F_CSUM | libc::TUN_F_USO4 | libc::TUN_F_USO6)
+            .is_ok();
+        let _ = self.set_offload_bits(0);
+        TapSupport { uso }
+    }
+
+    /// Sets the device's send buffer (TUNSETSNDBUF, every queue): the bytes of written frames
+    /// the kernel may hold before writes return EAGAIN.
+    pub fn set_sndbuf(&self, bytes: i32) -> io::Result<()> {
+        let mut v = bytes as libc::c_int;
+        // SAFETY: TUNSETSNDBUF takes a pointer to an int, and `v` is one.
+        unsafe { ioctl_ptr(self.file.as_raw_fd(), libc::TUNSETSNDBUF, &mut v) }
     }
 
     /// Writes one frame (virtio-net header first) gathered from `segs` of `mem`. Returns the

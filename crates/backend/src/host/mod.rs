@@ -25,11 +25,14 @@ use super::shared::Shared;
 pub enum Sent {
     /// The host took it.
     Taken,
-    /// The host refused it (a full TAP queue, a frame too long to pass): consumed, counted
-    /// as dropped.
+    /// The host refused it (a frame the TAP does not take, too many segments): consumed,
+    /// counted as dropped.
     Dropped,
     /// Not now: the frame stays on the tx ring (a loopback port without rx room).
     Later,
+    /// The host cannot take frames now (the TAP's send buffer is full): the frame stays on
+    /// the tx ring, and tx waits until [`Host::writable`].
+    Busy,
     /// The frame's virtio-net header is one a driver must not send: consumed, counted as
     /// dropped and by reason.
     Refused(vnet::TxHdrError),
@@ -86,12 +89,18 @@ pub trait Host: Send + 'static {
     /// Whether host frames are waiting for guest rx now.
     fn has_frames(&self) -> bool;
 
+    /// Whether the port takes frames again after [`Sent::Busy`].
+    fn writable(&self) -> bool {
+        true
+    }
+
     /// Whether the port holds a frame that did not fit guest rx (the fd has nothing to add).
     fn holds_frame(&self) -> bool {
         false
     }
 
-    /// The fd that becomes readable when host frames arrive, if the port has one.
+    /// The fd that becomes readable when host frames arrive, and writable when the port takes
+    /// frames again after [`Sent::Busy`], if the port has one.
     fn fd(&self) -> Option<RawFd> {
         None
     }

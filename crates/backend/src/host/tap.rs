@@ -4,7 +4,8 @@
 //! tx checks each frame's virtio-net header against the negotiated features and the frame
 //! (a header a driver must not send is dropped and counted by reason), then writes the frame
 //! straight from guest memory (one writev); a chain of more segments than one writev takes is
-//! dropped and counted, never cut short. rx reads each frame into a
+//! dropped and counted, never cut short. A frame the TAP cannot take yet (its send buffer is
+//! full) stays on the tx ring until the TAP is writable again. rx reads each frame into a
 //! bounce buffer and copies it into guest buffers; a frame that does not fit the posted
 //! buffers waits here, as vhost_net leaves it queued, until the guest posts more.
 
@@ -68,6 +69,15 @@ fn check_header(
     Ok(NetHdr::from_bytes(&bytes).check_tx(features, total - hdr_len))
 }
 
+/// A TAP write error that means "not now" rather than "not this frame" (vhost_net's
+/// `handle_tx` treats the same three so).
+fn is_pushback(e: &std::io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EAGAIN | libc::ENOMEM | libc::ENOBUFS)
+    )
+}
+
 impl Host for TapPort {
     const POLL_EVERY: u32 = 8;
 
@@ -89,6 +99,9 @@ impl Host for TapPort {
         }
         match self.tap.write_frame(mem, chain.readable()) {
             Ok(Ok(_)) => Ok(Sent::Taken),
+            // The send buffer is full (or the kernel short of memory): as vhost_net, keep the
+            // frame and wait for the TAP to become writable.
+            Ok(Err(e)) if is_pushback(&e) => Ok(Sent::Busy),
             Ok(Err(_)) => Ok(Sent::Dropped),
             // A legal chain that one writev cannot take: drop it whole rather than send a cut
             // frame, and keep the queue running.
@@ -144,6 +157,10 @@ impl Host for TapPort {
                 Received::default()
             }
         })
+    }
+
+    fn writable(&self) -> bool {
+        virtnet_sys::writable_now(self.tap.as_raw_fd())
     }
 
     fn has_frames(&self) -> bool {
