@@ -71,7 +71,7 @@ impl Device {
             let worker = match &io {
                 IoMode::Tap(_) => {
                     let q = tap_queues.next().expect("one TAP queue per pair");
-                    spawn_pair(p, TapPort::new(q), &shared)
+                    spawn_pair(p, TapPort::new(q, shared.config.mtu), &shared)
                 }
                 IoMode::Null { size } => spawn_pair(p, NullPort::new(*size, p), &shared),
                 IoMode::Echo => spawn_pair(p, EchoPort::default(), &shared),

@@ -35,6 +35,10 @@ vnet::counters! {
         /// tx frames the host port could not take yet (the TAP's send buffer was full): each
         /// stayed on the tx ring and went once the TAP took frames again.
         host_pushback,
+        /// rx frames read through the host port's own buffer and copied, because the guest
+        /// had not posted buffers for the largest frame (the others go straight into guest
+        /// memory).
+        rx_bounced,
         /// Kick eventfd wake-ups received.
         kicks,
         /// Call eventfd writes, and notifications the driver's event index or flags suppressed.

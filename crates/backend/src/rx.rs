@@ -5,8 +5,11 @@
 //! index at which rx last lacked room, so that the worker does not retry until the guest posts
 //! more (a frame that waits is the host port's to keep).
 
+use std::collections::VecDeque;
+use std::io;
+
 use vnet::feature;
-use vring::{Chain, DeviceQueue, Error as RingError, GuestMemory};
+use vring::{Chain, DeviceQueue, Error as RingError, GuestMemory, Segment, MAX_IOVECS};
 
 use super::error::Error;
 use super::queue::{break_queue, QueueRuntime};
@@ -49,6 +52,21 @@ pub enum Delivery {
     NoRoom,
 }
 
+/// What became of one [`RxPath::receive_direct`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Direct {
+    /// A frame of this many bytes, header included, is in the guest's buffers.
+    Delivered(usize),
+    /// A frame was read and consumed but not delivered (the receive filter's, or longer than
+    /// the buffers the guest could post): counted.
+    Dropped,
+    /// The host had no frame.
+    Empty,
+    /// The guest has not posted buffers for the largest frame: nothing was read, and nothing
+    /// is held; the caller reads through a buffer of its own instead.
+    NoRoom,
+}
+
 /// The rx queue of one pair and where its last delivery stopped.
 #[derive(Debug, Default)]
 pub struct RxPath {
@@ -60,6 +78,15 @@ pub struct RxPath {
     chains: Vec<Chain>,
     /// A chain of `chains` has grown past KEEP_SEGMENTS: trim them after the frame.
     grown: bool,
+    /// Buffers popped for reading frames straight into them ([`RxPath::receive_direct`]),
+    /// oldest first: enough for the largest frame, kept from one frame to the next. They are
+    /// the queue's latest pops, so they go back to the ring with one `undo_pop`.
+    posted: VecDeque<Chain>,
+    /// Their writable bytes.
+    posted_bytes: u64,
+    /// Chains to pop into, and the read's segments, kept for their allocations.
+    spare: Vec<Chain>,
+    segs: Vec<Segment>,
 }
 
 impl RxPath {
@@ -83,12 +110,26 @@ impl RxPath {
         })
     }
 
-    /// Forgets where rx lacked room, and gives back the chains' memory: the queue is being
-    /// replaced or stopped.
+    /// Forgets where rx lacked room, returns the posted buffers to the ring (so that the
+    /// queue's state, GET_VRING_BASE, counts them as not taken), and gives back the chains'
+    /// memory: the queue is being replaced or stopped.
     pub fn release(&mut self) {
+        self.unpost();
         self.blocked = None;
         self.chains = Vec::new();
         self.grown = false;
+        self.posted = VecDeque::new();
+        self.spare = Vec::new();
+        self.segs = Vec::new();
+    }
+
+    /// Returns the posted buffers to the ring.
+    fn unpost(&mut self) {
+        if let Some(q) = self.queue.as_mut() {
+            q.queue.undo_pop(self.posted.len() as u16);
+        }
+        self.spare.extend(self.posted.drain(..));
+        self.posted_bytes = 0;
     }
 
     /// Gives back what the last frame made the chains grow to (see KEEP_CHAINS).
@@ -119,7 +160,7 @@ impl RxPath {
     /// Whether the guest has posted buffers (false without a usable queue). A ring error
     /// breaks the queue.
     pub fn has_buffers(&mut self) -> bool {
-        self.queue.as_mut().is_some_and(QueueRuntime::avail_pending)
+        !self.posted.is_empty() || self.queue.as_mut().is_some_and(QueueRuntime::avail_pending)
     }
 
     /// Records that rx lacked room at the avail index it last read. Not a fresh one: buffers
@@ -162,6 +203,123 @@ impl RxPath {
         let r = deliver(shared, rx, frame, &mut self.chains, &mut self.grown);
         self.trim();
         r
+    }
+
+    /// Reads one frame (header first) with `read` straight into the guest's buffers, with no
+    /// copy in this process, once enough are posted for a frame of `max_frame` bytes: one
+    /// chain without MRG_RXBUF, else as many merged buffers as it takes. The buffers stay
+    /// posted from one frame to the next; a frame uses the oldest ones (so IN_ORDER holds),
+    /// and one the receive filter refuses uses none. `read` gets the posted buffers' writable
+    /// segments and `tail`, where whatever they cannot hold lands: with MRG_RXBUF that part is
+    /// copied into more buffers, else (or when the guest has no more) the frame is dropped and
+    /// counted, as [`RxPath::deliver`] does with a frame too long for its buffers.
+    ///
+    /// A ring error (a buffer outside memory, one with no writable bytes) is returned, to break
+    /// the queue. The caller has checked that the queue is usable.
+    pub fn receive_direct<F>(
+        &mut self,
+        shared: &Shared,
+        max_frame: usize,
+        tail: &mut [u8],
+        read: F,
+    ) -> Result<Direct, RingError>
+    where
+        F: FnOnce(&GuestMemory, &[Segment], &mut [u8]) -> Result<io::Result<usize>, RingError>,
+    {
+        let Some(rx) = self.queue.as_mut() else {
+            return Ok(Direct::NoRoom);
+        };
+        let features = rx.queue.config().features();
+        let mergeable = features.contains(feature::MRG_RXBUF);
+        let hdr_len = vnet::hdr_len(features);
+        let max_buffers = MAX_MERGED_BUFFERS.min(rx.queue.config().size() as usize);
+        let mut segments: usize = self.posted.iter().map(|c| c.writable().len()).sum();
+        // Post buffers for the largest frame, within what one readv takes (the tail last).
+        let mut limited = false;
+        while self.posted_bytes < max_frame as u64 {
+            if (!mergeable && !self.posted.is_empty()) || self.posted.len() == max_buffers {
+                limited = true;
+                break;
+            }
+            let mut c = self.spare.pop().unwrap_or_default();
+            if !rx.queue.pop_into(&mut c)? {
+                self.spare.push(c);
+                break;
+            }
+            let n = c.writable().len();
+            if c.writable_len() == 0 {
+                return Err(RingError::NoWritableBytes { head: c.head() });
+            }
+            if segments + n > MAX_IOVECS - 1 {
+                rx.queue.undo_pop(1);
+                self.spare.push(c);
+                limited = true;
+                break;
+            }
+            segments += n;
+            self.posted_bytes += c.writable_len();
+            self.posted.push_back(c);
+        }
+        if self.posted_bytes < max_frame as u64 && !limited {
+            // The guest has not posted enough (yet): read through the caller's buffer, which
+            // can wait for more without holding these.
+            self.unpost();
+            return Ok(Direct::NoRoom);
+        }
+        self.segs.clear();
+        for c in &self.posted {
+            self.segs.extend_from_slice(c.writable());
+        }
+        let n = match read(rx.queue.memory(), &self.segs, tail)? {
+            // End of file: a TAP never has one, but then nothing was read either.
+            Ok(0) => return Ok(Direct::Empty),
+            Ok(n) => n,
+            // WouldBlock: nothing waits. Another error (the TAP going down): nothing read
+            // either, and the fd says when to try again.
+            Err(_) => return Ok(Direct::Empty),
+        };
+        let in_guest = (n as u64).min(self.posted_bytes) as usize;
+        let mut dst = [0u8; 6];
+        let dst_len = in_guest.saturating_sub(hdr_len).min(6);
+        read_at(rx.queue.memory(), &self.segs, hdr_len, &mut dst[..dst_len])?;
+        if !shared.accepts(&dst[..dst_len]) {
+            rx.counters.filtered.add(1);
+            return Ok(Direct::Dropped);
+        }
+        if n > in_guest {
+            // Longer than the posted buffers: copy the rest into more, if the guest has them.
+            let over = &tail[..n - in_guest];
+            if !mergeable || !post_overflow(rx, &mut self.posted, &mut self.spare, over)? {
+                rx.counters.dropped.add(1);
+                return Ok(Direct::Dropped);
+            }
+        }
+        // The frame takes the oldest buffers it fills.
+        let mut left = n as u64;
+        let mut used = 0usize;
+        for c in &self.posted {
+            if left == 0 {
+                break;
+            }
+            left -= left.min(c.writable_len());
+            used += 1;
+        }
+        if hdr_len == vnet::HDR_LEN {
+            // num_buffers: the TAP leaves those two bytes unwritten. 1 without MRG_RXBUF.
+            let count = (used as u16).to_le_bytes();
+            let at = vnet::NUM_BUFFERS_OFFSET as usize;
+            write_at(rx.queue.memory(), &self.segs, at, &count)?;
+        }
+        let mut left = n as u64;
+        for _ in 0..used {
+            let c = self.posted.pop_front().expect("counted above");
+            let take = left.min(c.writable_len());
+            rx.queue.add_used(c.head(), take as u32)?;
+            left -= take;
+            self.posted_bytes = self.posted_bytes.saturating_sub(c.writable_len());
+            self.spare.push(c);
+        }
+        Ok(Direct::Delivered(n))
     }
 
     /// Puts up to `max` copies of `frame` (header first) into the rx queue, as long as each
@@ -319,6 +477,93 @@ fn deliver(
     Ok(Delivery::Delivered)
 }
 
+/// Pops buffers after the posted ones for the `over` bytes of a frame that did not fit them,
+/// and copies them in; false (nothing popped) if the guest has not posted enough.
+fn post_overflow(
+    rx: &mut QueueRuntime,
+    posted: &mut VecDeque<Chain>,
+    spare: &mut Vec<Chain>,
+    mut over: &[u8],
+) -> Result<bool, RingError> {
+    let mut popped = 0u16;
+    let mut added = Vec::new();
+    while !over.is_empty() {
+        let mut c = spare.pop().unwrap_or_default();
+        if posted.len() + added.len() == MAX_MERGED_BUFFERS || !rx.queue.pop_into(&mut c)? {
+            rx.queue.undo_pop(popped);
+            spare.push(c);
+            spare.extend(added);
+            return Ok(false);
+        }
+        popped += 1;
+        if c.writable_len() == 0 {
+            return Err(RingError::NoWritableBytes { head: c.head() });
+        }
+        let k = write_chain(rx.queue.memory(), &c, over)?;
+        over = &over[k..];
+        added.push(c);
+    }
+    posted.extend(added);
+    Ok(true)
+}
+
+/// The address `skip` bytes into segment `s`.
+fn offset(s: &Segment, skip: u64) -> Result<vring::GuestAddress, RingError> {
+    s.addr
+        .checked_add(skip)
+        .ok_or(RingError::AddressOutOfRange {
+            addr: s.addr.0,
+            len: s.len as u64,
+        })
+}
+
+/// Copies bytes `at..at + buf.len()` of the frame in `segs` into `buf`.
+fn read_at(
+    mem: &GuestMemory,
+    segs: &[Segment],
+    at: usize,
+    buf: &mut [u8],
+) -> Result<(), RingError> {
+    let mut skip = at as u64;
+    let mut done = 0;
+    for s in segs {
+        if done == buf.len() {
+            break;
+        }
+        let len = s.len as u64;
+        if skip >= len {
+            skip -= len;
+            continue;
+        }
+        let k = ((len - skip) as usize).min(buf.len() - done);
+        mem.read(offset(s, skip)?, &mut buf[done..done + k])?;
+        done += k;
+        skip = 0;
+    }
+    Ok(())
+}
+
+/// Copies `data` over bytes `at..` of the frame in `segs`.
+fn write_at(mem: &GuestMemory, segs: &[Segment], at: usize, data: &[u8]) -> Result<(), RingError> {
+    let mut skip = at as u64;
+    let mut data = data;
+    for s in segs {
+        if data.is_empty() {
+            break;
+        }
+        let len = s.len as u64;
+        if skip >= len {
+            skip -= len;
+            continue;
+        }
+        let k = ((len - skip) as usize).min(data.len());
+        mem.write(offset(s, skip)?, &data[..k])?;
+        data = &data[k..];
+        skip = 0;
+    }
+    Ok(())
+}
+
 /// Copies `data` into the writable segments of `chain`; returns the bytes written.
 fn write_chain(mem: &GuestMemory, chain: &Chain, mut data: &[u8]) -> Result<usize, RingError> {
     let mut n = 0;
@@ -357,6 +602,165 @@ mod tests {
     }
 
     use std::sync::Arc;
+
+    /// A non-blocking pipe holding `frames`, one per write: each `read` of `direct` takes one
+    /// when it asks for at least its length (the tests size their reads so).
+    struct Host {
+        rd: std::io::PipeReader,
+        _wr: std::io::PipeWriter,
+    }
+
+    impl Host {
+        fn with(frames: &[Vec<u8>]) -> Host {
+            use std::io::Write;
+            let (rd, mut wr) = std::io::pipe().unwrap();
+            for f in frames {
+                wr.write_all(f).unwrap();
+            }
+            virtnet_sys::set_nonblocking(std::os::fd::AsFd::as_fd(&rd), true).unwrap();
+            Host { rd, _wr: wr }
+        }
+    }
+
+    /// One `receive_direct` of a frame `len` bytes long from `host`, with a tail as long as
+    /// the rest of the frame beyond `max_frame`'s buffers.
+    fn direct(
+        rx: &mut RxPath,
+        s: &Shared,
+        host: &Host,
+        max_frame: usize,
+        len: usize,
+    ) -> (Result<Direct, RingError>, Vec<u8>) {
+        let mut tail = vec![0u8; 65536];
+        let r = rx.receive_direct(s, max_frame, &mut tail, |mem, segs, tail| {
+            // Read exactly one frame's bytes: the pipe is a stream.
+            let mut left = len;
+            let mut cut = Vec::new();
+            for seg in segs {
+                let k = (seg.len as usize).min(left);
+                cut.push(vring::Segment {
+                    len: k as u32,
+                    ..*seg
+                });
+                left -= k;
+            }
+            mem.readv_with_tail(std::os::fd::AsFd::as_fd(&host.rd), &cut, &mut tail[..left])
+        });
+        (r, tail)
+    }
+
+    #[test]
+    fn a_direct_read_fills_the_oldest_posted_buffers_and_keeps_the_rest_posted() {
+        let (mut rx, mut driver, mem) = rx_path(MRG);
+        post_rx(&mut driver, 8, 1024);
+        let (a, b) = (frame(2500), frame(100));
+        let host = Host::with(&[a.clone(), b.clone()]);
+        let s = shared();
+        // Posted for a 3000-byte frame: three buffers; the 2500-byte one takes all three.
+        assert_eq!(
+            direct(&mut rx, &s, &host, 3000, 2500).0,
+            Ok(Direct::Delivered(2500))
+        );
+        assert_eq!(
+            direct(&mut rx, &s, &host, 3000, 100).0,
+            Ok(Direct::Delivered(100))
+        );
+        // Nothing more waits: the buffers posted for the next frame stay posted.
+        assert_eq!(direct(&mut rx, &s, &host, 3000, 100).0, Ok(Direct::Empty));
+        rx.queue.as_mut().unwrap().queue.flush();
+        assert_eq!(
+            used(&mut driver),
+            [(0, 1024), (1, 1024), (2, 452), (3, 100)]
+        );
+        let mut hdr = [0u8; vnet::HDR_LEN];
+        mem.read(Pair::buf(0, 0).addr, &mut hdr).unwrap();
+        assert_eq!(u16::from_le_bytes([hdr[10], hdr[11]]), 3, "num_buffers");
+        mem.read(Pair::buf(3, 0).addr, &mut hdr).unwrap();
+        assert_eq!(u16::from_le_bytes([hdr[10], hdr[11]]), 1, "num_buffers");
+        let mut got = vec![0u8; 452];
+        mem.read(Pair::buf(2, 0).addr, &mut got).unwrap();
+        assert_eq!(got[..], a[2048..]);
+        let mut got = vec![0u8; 100];
+        mem.read(Pair::buf(3, 0).addr, &mut got).unwrap();
+        assert_eq!(got[vnet::HDR_LEN..], b[vnet::HDR_LEN..]);
+        // Stopping gives the posted buffers (4, 5 and 6) back to the ring.
+        let before = rx.queue.as_ref().unwrap().queue.avail_idx_seen();
+        rx.release();
+        let q = &mut rx.queue.as_mut().unwrap().queue;
+        let mut c = Chain::new();
+        assert!(q.pop_into(&mut c).unwrap());
+        assert_eq!(c.head(), 4, "the first posted buffer is popped again");
+        assert_eq!(q.avail_idx_seen(), before);
+    }
+
+    #[test]
+    fn too_few_buffers_for_the_largest_frame_read_nothing_and_hold_nothing() {
+        let (mut rx, mut driver, _mem) = rx_path(MRG);
+        post_rx(&mut driver, 2, 1024);
+        let host = Host::with(&[frame(100)]);
+        let s = shared();
+        assert_eq!(direct(&mut rx, &s, &host, 3000, 100).0, Ok(Direct::NoRoom));
+        // The two buffers are back on the ring: a copied frame takes the first.
+        assert_eq!(rx.deliver(&s, &mut frame(100)), Ok(Delivery::Delivered));
+        rx.queue.as_mut().unwrap().queue.flush();
+        assert_eq!(used(&mut driver), [(0, 100)]);
+    }
+
+    #[test]
+    fn a_frame_longer_than_the_posted_buffers_goes_on_into_more_or_is_dropped() {
+        let (mut rx, mut driver, mem) = rx_path(MRG);
+        post_rx(&mut driver, 3, 1024);
+        let long = frame(2500);
+        let host = Host::with(std::slice::from_ref(&long));
+        let s = shared();
+        // Posted for a 1000-byte frame (one buffer): the rest lands in the tail, then in two
+        // more buffers.
+        assert_eq!(
+            direct(&mut rx, &s, &host, 1000, 2500).0,
+            Ok(Direct::Delivered(2500))
+        );
+        rx.queue.as_mut().unwrap().queue.flush();
+        assert_eq!(used(&mut driver), [(0, 1024), (1, 1024), (2, 452)]);
+        let mut got = vec![0u8; 1024];
+        mem.read(Pair::buf(1, 0).addr, &mut got).unwrap();
+        assert_eq!(got[..], long[1024..2048]);
+        // No more buffers for the rest: dropped, counted, the posted buffer kept.
+        post_rx(&mut driver, 1, 1024);
+        let host = Host::with(&[frame(2500)]);
+        assert_eq!(
+            direct(&mut rx, &s, &host, 1000, 2500).0,
+            Ok(Direct::Dropped)
+        );
+        assert_eq!(rx.queue.as_ref().unwrap().counters.dropped.get(), 1);
+        rx.queue.as_mut().unwrap().queue.flush();
+        assert!(used(&mut driver).is_empty());
+        assert!(rx.has_buffers(), "the buffer stays posted");
+    }
+
+    #[test]
+    fn a_frame_the_filter_refuses_uses_no_buffer() {
+        let (mut rx, mut driver, _mem) = rx_path(Features::VERSION_1);
+        post_rx(&mut driver, 2, 1536);
+        let s = shared();
+        s.promisc.store(false, Relaxed);
+        let mut other = frame(100);
+        other[vnet::HDR_LEN..vnet::HDR_LEN + 6].copy_from_slice(&[0x02, 1, 2, 3, 4, 5]);
+        let mut ours = frame(100);
+        ours[vnet::HDR_LEN..vnet::HDR_LEN + 6].copy_from_slice(&s.mac());
+        let host = Host::with(&[other, ours]);
+        assert_eq!(direct(&mut rx, &s, &host, 1530, 100).0, Ok(Direct::Dropped));
+        assert_eq!(rx.queue.as_ref().unwrap().counters.filtered.get(), 1);
+        assert_eq!(
+            direct(&mut rx, &s, &host, 1530, 100).0,
+            Ok(Direct::Delivered(100))
+        );
+        rx.queue.as_mut().unwrap().queue.flush();
+        assert_eq!(
+            used(&mut driver),
+            [(0, 100)],
+            "the refused frame took no buffer"
+        );
+    }
 
     #[test]
     fn a_mergeable_frame_spans_buffers_and_says_how_many() {

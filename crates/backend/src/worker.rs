@@ -555,20 +555,6 @@ mod tests {
         (OwnedFd::from(rd).into(), OwnedFd::from(wr).into())
     }
 
-    /// User plus system CPU time of this process's thread `name`, in clock ticks.
-    fn thread_ticks(name: &str) -> u64 {
-        for t in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
-            let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
-            if comm.trim_end() == name {
-                let stat = std::fs::read_to_string(t.path().join("stat")).unwrap();
-                let after = &stat[stat.rfind(')').unwrap() + 2..];
-                let f: Vec<&str> = after.split(' ').collect();
-                return f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap();
-            }
-        }
-        panic!("no thread {name}");
-    }
-
     #[test]
     fn a_frame_the_host_cannot_take_stays_on_the_ring_and_goes_when_it_can() {
         const FRAMES: u32 = 200;
@@ -597,10 +583,10 @@ mod tests {
         assert!(testkit::eventually(Duration::from_secs(5), || {
             counters.host_pushback.get() > 0
         }));
-        let ticks = thread_ticks(name);
+        let ticks = testkit::inproc::thread_cpu_ticks(name);
         std::thread::sleep(Duration::from_millis(300));
         assert!(
-            thread_ticks(name) <= ticks + 3,
+            testkit::inproc::thread_cpu_ticks(name) <= ticks + 3,
             "the worker spun while the host pushed back"
         );
         // Read slowly: every frame arrives, in order, none dropped.

@@ -3,9 +3,9 @@
 //!
 //! ioctls on /dev/net/tun, and frame I/O. Transmit is zero copy: [`TapQueue::write_frame`] hands
 //! the chain's segments to vring's `GuestMemory::writev_to`, which checks them and writes them
-//! with one writev. Receive is not, yet: the backend reads each frame into a bounce buffer with
-//! [`TapQueue::read`] and copies it into the guest's buffers; [`TapQueue::read_frame`] (one
-//! readv straight into guest memory) is there for when it does.
+//! with one writev. So is receive, when the guest has posted buffers for the largest frame:
+//! [`TapQueue::read_frame`] reads with one readv straight into them; [`TapQueue::read`] reads
+//! into a buffer of ours, for the frames that must wait for more buffers.
 
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -173,15 +173,17 @@ impl TapQueue {
         mem.writev_to(self.file.as_fd(), segs)
     }
 
-    /// Reads one frame (virtio-net header first) scattered over `segs` of `mem`. Returns its
-    /// length; WouldBlock (inner) when no frame is waiting. A frame longer than the segments
-    /// is cut by the kernel, so callers size them for the largest frame.
+    /// Reads one frame (virtio-net header first) scattered over `segs` of `mem`, then `tail`
+    /// for what they cannot hold. Returns its length; WouldBlock (inner) when no frame is
+    /// waiting. The kernel drops a frame longer than `segs` and `tail` together (EFAULT), so
+    /// callers size them for the largest frame.
     pub fn read_frame(
         &self,
         mem: &GuestMemory,
         segs: &[Segment],
+        tail: &mut [u8],
     ) -> Result<io::Result<usize>, vring::Error> {
-        mem.readv_from(self.file.as_fd(), segs)
+        mem.readv_with_tail(self.file.as_fd(), segs, tail)
     }
 }
 

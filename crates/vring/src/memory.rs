@@ -747,6 +747,30 @@ mod tests {
     }
 
     #[test]
+    fn readv_with_tail_puts_what_the_segments_cannot_hold_in_the_tail() {
+        let mem = two_regions();
+        let frame: Vec<u8> = (0..100u8).collect();
+        let (rx, mut tx) = std::io::pipe().unwrap();
+        tx.write_all(&frame).unwrap();
+        let segs = [seg(0x1100, 30), seg(0x10000, 40)];
+        let mut tail = [0u8; 64];
+        let n = mem.readv_with_tail(rx.as_fd(), &segs, &mut tail).unwrap();
+        assert_eq!(n.unwrap(), 100);
+        let mut back = [0u8; 40];
+        mem.read(GuestAddress(0x1100), &mut back[..30]).unwrap();
+        assert_eq!(back[..30], frame[..30]);
+        mem.read(GuestAddress(0x10000), &mut back).unwrap();
+        assert_eq!(back[..], frame[30..70]);
+        assert_eq!(tail[..30], frame[70..]);
+        // With the tail, one segment fewer fits.
+        let segs = vec![seg(0x1100, 1); MAX_IOVECS];
+        let e = mem
+            .readv_with_tail(rx.as_fd(), &segs, &mut tail)
+            .unwrap_err();
+        assert!(matches!(e, Error::TooManySegments { .. }), "{e:?}");
+    }
+
+    #[test]
     fn readv_from_scatters_over_segments() {
         let mem = two_regions();
         let frame: Vec<u8> = (0..100u8).collect();

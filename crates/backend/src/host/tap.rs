@@ -5,19 +5,23 @@
 //! (a header a driver must not send is dropped and counted by reason), then writes the frame
 //! straight from guest memory (one writev); a chain of more segments than one writev takes is
 //! dropped and counted, never cut short. A frame the TAP cannot take yet (its send buffer is
-//! full) stays on the tx ring until the TAP is writable again. rx reads each frame into a
-//! bounce buffer and copies it into guest buffers; a frame that does not fit the posted
-//! buffers waits here, as vhost_net leaves it queued, until the guest posts more.
+//! full) stays on the tx ring until the TAP is writable again.
+//!
+//! rx reads each frame with one readv straight into the guest's buffers, once the guest has
+//! posted enough for the largest frame the negotiated offloads allow (`RxPath::receive_direct`).
+//! When it has not, the frame is read into a bounce buffer and copied; one that does not fit
+//! the posted buffers waits here, as vhost_net leaves it queued, until the guest posts more.
 
 use std::os::fd::{AsRawFd, RawFd};
 
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
-use vnet::{NetHdr, TxHdrError};
+use vnet::{feature, NetHdr, TxHdrError};
 use vring::{Chain, Error as RingError, Features, GuestMemory};
 
 use super::{Host, Received, Sent};
-use crate::rx::{Delivery, RxPath};
+use crate::queue::QueueRuntime;
+use crate::rx::{Delivery, Direct, RxPath};
 use crate::shared::Shared;
 use virtnet_sys::tap::TapQueue;
 
@@ -30,16 +34,40 @@ pub struct TapPort {
     /// A frame read from the TAP (its length in `bounce`) that did not fit the posted rx
     /// buffers: it goes first once the guest posts more.
     pending: Option<usize>,
+    /// Frames wait here when the guest has posted too few buffers; reads into guest buffers
+    /// sized for the usual frame put what does not fit here.
     bounce: Vec<u8>,
+    mtu: u16,
+    /// The largest frame the TAP hands out with the negotiated offloads, header included:
+    /// the guest buffers posted for one read.
+    max_frame: usize,
 }
 
 impl TapPort {
-    pub fn new(tap: TapQueue) -> TapPort {
+    pub fn new(tap: TapQueue, mtu: u16) -> TapPort {
         TapPort {
             tap,
             pending: None,
             bounce: vec![0u8; MAX_RX_FRAME],
+            mtu,
+            max_frame: MAX_RX_FRAME,
         }
+    }
+}
+
+/// The largest frame a TAP hands out with `features` negotiated (so its offloads set) on a
+/// link of `mtu`: 64 KiB with any receive segmentation offload, else one MTU-sized frame
+/// with a VLAN tag.
+pub fn max_rx_frame(features: Features, mtu: u16) -> usize {
+    let gso = feature::GUEST_TSO4
+        | feature::GUEST_TSO6
+        | feature::GUEST_UFO
+        | feature::GUEST_USO4
+        | feature::GUEST_USO6;
+    if features.intersection(gso) != Features::EMPTY {
+        MAX_RX_FRAME
+    } else {
+        vnet::hdr_len(features) + 14 + 4 + mtu.max(1500) as usize
     }
 }
 
@@ -80,6 +108,10 @@ fn is_pushback(e: &std::io::Error) -> bool {
 
 impl Host for TapPort {
     const POLL_EVERY: u32 = 8;
+
+    fn rx_started(&mut self, rx: &QueueRuntime) {
+        self.max_frame = max_rx_frame(rx.queue.config().features(), self.mtu);
+    }
 
     fn rx_stopped(&mut self) -> bool {
         self.pending.take().is_some()
@@ -134,9 +166,34 @@ impl Host for TapPort {
                 if !rx.has_buffers() {
                     return Ok(Received::default());
                 }
+                // Straight into the guest's buffers when it has posted enough.
+                let tap = &self.tap;
+                let read = |mem: &GuestMemory, segs: &[_], tail: &mut [u8]| {
+                    tap.read_frame(mem, segs, tail)
+                };
+                match rx.receive_direct(shared, self.max_frame, &mut self.bounce, read)? {
+                    Direct::Delivered(n) => {
+                        return Ok(Received {
+                            frames: 1,
+                            bytes: n.saturating_sub(rx.hdr_len()) as u64,
+                            dropped: 0,
+                        })
+                    }
+                    Direct::Dropped => {
+                        return Ok(Received {
+                            dropped: 1,
+                            ..Received::default()
+                        })
+                    }
+                    Direct::Empty => return Ok(Received::default()),
+                    Direct::NoRoom => {}
+                }
                 let Ok(n) = self.tap.read(&mut self.bounce) else {
                     return Ok(Received::default());
                 };
+                if let Some(q) = &rx.queue {
+                    q.counters.rx_bounced.add(1);
+                }
                 n
             }
         };

@@ -45,15 +45,42 @@ impl GuestMemory {
         fd: BorrowedFd<'_>,
         segs: &[Segment],
     ) -> Result<io::Result<usize>, Error> {
+        self.readv_with_tail(fd, segs, &mut [])
+    }
+
+    /// As [`GuestMemory::readv_from`], with `tail`, a buffer of this process, after the
+    /// segments: what does not fit them lands there (bytes past `segs`' total length), so that
+    /// a read sized for the usual frame never cuts a longer one. `segs` take at most
+    /// [`MAX_IOVECS`] - 1 segments.
+    pub fn readv_with_tail(
+        &self,
+        fd: BorrowedFd<'_>,
+        segs: &[Segment],
+        tail: &mut [u8],
+    ) -> Result<io::Result<usize>, Error> {
         let mut iov = [EMPTY_IOVEC; MAX_IOVECS];
-        let n = self.iovecs(segs, &mut iov)?;
+        let mut n = self.iovecs(segs, &mut iov)?;
+        if !tail.is_empty() {
+            if n == MAX_IOVECS {
+                return Err(Error::TooManySegments {
+                    count: n + 1,
+                    max: MAX_IOVECS,
+                });
+            }
+            iov[n] = libc::iovec {
+                iov_base: tail.as_mut_ptr().cast(),
+                iov_len: tail.len(),
+            };
+            n += 1;
+        }
         Ok(retry_interrupted(|| {
-            // SAFETY: `iovecs` checked that each of the `n` iovecs lies inside a mapping of
-            // `self`, which the borrow keeps alive for the call. The kernel's stores there race
-            // with the peer's accesses, which is fine: this memory is shared and only ever
-            // accessed by copies and atomics, so no Rust reference to plain bytes exists under
-            // it, and where a hostile guest points a segment at its own ring, the ring's Rust
-            // views are atomics (interior mutability), which the peer may overwrite anyway.
+            // SAFETY: `iovecs` checked that each guest iovec lies inside a mapping of `self`,
+            // which the borrow keeps alive for the call, and the tail iovec is `tail`, borrowed
+            // mutably for the call. The kernel's stores into guest memory race with the peer's
+            // accesses, which is fine: this memory is shared and only ever accessed by copies
+            // and atomics, so no Rust reference to plain bytes exists under it, and where a
+            // hostile guest points a segment at its own ring, the ring's Rust views are atomics
+            // (interior mutability), which the peer may overwrite anyway.
             unsafe { libc::readv(fd.as_raw_fd(), iov.as_ptr(), n as libc::c_int) }
         }))
     }
