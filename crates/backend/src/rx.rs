@@ -260,7 +260,10 @@ impl RxPath {
             self.posted_bytes += c.writable_len();
             self.posted.push_back(c);
         }
-        if self.posted_bytes < max_frame as u64 && !limited {
+        // The header and the Ethernet header must land in guest buffers (the filter reads the
+        // destination there, and num_buffers is written there).
+        let least = (hdr_len + 14) as u64;
+        if (self.posted_bytes < max_frame as u64 && !limited) || self.posted_bytes < least {
             // The guest has not posted enough (yet): read through the caller's buffer, which
             // can wait for more without holding these.
             self.unpost();
@@ -735,6 +738,25 @@ mod tests {
         rx.queue.as_mut().unwrap().queue.flush();
         assert!(used(&mut driver).is_empty());
         assert!(rx.has_buffers(), "the buffer stays posted");
+    }
+
+    #[test]
+    fn a_chain_of_more_segments_than_one_read_takes_goes_through_the_bounce_path() {
+        let features = MRG | Features::RING_INDIRECT_DESC;
+        let s = crate::testing::setup_sized(QueueId::Rx(0), features, 1024);
+        let mut rx = RxPath::with_queue(s.runtime);
+        // One buffer of 100 one-byte segments: more than a readv of MAX_IOVECS takes.
+        post_indirect(&s.mem, &[100]);
+        let host = Host::with(&[frame(60)]);
+        assert_eq!(
+            direct(&mut rx, &shared(), &host, 60, 60).0,
+            Ok(Direct::NoRoom)
+        );
+        // Nothing was read or consumed: the copy path delivers it into that buffer.
+        assert_eq!(
+            rx.deliver(&shared(), &mut frame(60)),
+            Ok(Delivery::Delivered)
+        );
     }
 
     #[test]
