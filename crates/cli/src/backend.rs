@@ -45,8 +45,12 @@ pub struct BackendArgs {
     queues: u16,
     #[arg(long, default_value = "52:54:00:12:34:56")]
     mac: String,
-    #[arg(long, default_value_t = 1500)]
-    mtu: u16,
+    /// MTU of the device (68 to 65535; at most 65521 on a TAP), set on the TAP's interface
+    /// and reported to the driver in the config space. Default: the TAP's MTU as it is, or
+    /// 1500 without a TAP. The frontend may change it (VHOST_USER_NET_SET_MTU: QEMU's
+    /// `host_mtu`).
+    #[arg(long, value_parser = clap::value_parser!(u16).range(68..))]
+    mtu: Option<u16>,
     /// Busy-poll timeout per queue in microseconds (0 = off); `virtnet ctl` changes it live.
     #[arg(long, default_value_t = 0)]
     busy_poll_us: u32,

@@ -107,7 +107,8 @@ pub struct QueueSetup {
 /// A connected, negotiated vhost-user device.
 pub struct Connection {
     frontend: Frontend,
-    /// The same socket, for SET_STATUS and GET_STATUS, which rust-vmm's `Frontend` cannot send.
+    /// The same socket, for SET_STATUS, GET_STATUS and NET_SET_MTU, which rust-vmm's
+    /// `Frontend` cannot send.
     raw: UnixStream,
     /// Armed from connecting until [`Connection::finish_handshake`].
     watchdog: Option<Watchdog>,
@@ -264,6 +265,7 @@ impl Connection {
             let ours = VhostUserProtocolFeatures::MQ
                 | VhostUserProtocolFeatures::REPLY_ACK
                 | VhostUserProtocolFeatures::CONFIG
+                | VhostUserProtocolFeatures::MTU
                 | VhostUserProtocolFeatures::STATUS;
             protocol = frontend
                 .get_protocol_features()
@@ -353,6 +355,42 @@ impl Connection {
                     request: "SET_STATUS",
                     reason: format!("the backend refused status {value:#x} (reply {code})"),
                 });
+            }
+        }
+        Ok(())
+    }
+
+    /// Tells the backend the MTU the driver is given (NET_SET_MTU, what QEMU sends for
+    /// `host_mtu`), and with REPLY_ACK waits for its answer: an error if it refused. Needs the
+    /// MTU protocol feature.
+    pub fn set_mtu(&mut self, mtu: u16) -> Result<(), FrontendError> {
+        let refused = |reason: String| FrontendError::Status {
+            request: "NET_SET_MTU",
+            reason,
+        };
+        if !self.protocol.contains(VhostUserProtocolFeatures::MTU) {
+            return Err(refused(
+                "the MTU protocol feature was not negotiated".into(),
+            ));
+        }
+        let ack = self.protocol.contains(VhostUserProtocolFeatures::REPLY_ACK);
+        let need_reply = if ack {
+            VhostUserHeaderFlag::NEED_REPLY.bits()
+        } else {
+            0
+        };
+        let msg = vhost_wire::encode(
+            FrontendReq::NET_SET_MTU,
+            vhost_wire::VERSION_1 | need_reply,
+            &u64::from(mtu).to_ne_bytes(),
+        );
+        self.raw.write_all(&msg)?;
+        if ack {
+            let code = self.reply(FrontendReq::NET_SET_MTU, "NET_SET_MTU")?;
+            if code != 0 {
+                return Err(refused(format!(
+                    "the backend refused MTU {mtu} (reply {code})"
+                )));
             }
         }
         Ok(())
