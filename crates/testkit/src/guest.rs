@@ -51,7 +51,11 @@ pub struct GuestConfig {
     /// More `vn_KEY=VALUE` kernel parameters, seen by the script as `$VN_KEY` (no spaces).
     pub env: Vec<(String, String)>,
     pub mac: Option<String>,
+    /// The guest interface's MTU, set by /init (`ip link set DEV mtu N`).
     pub mtu: Option<u32>,
+    /// `host_mtu=N` on the device: QEMU offers VIRTIO_NET_F_MTU with N in the config space
+    /// (Linux then gives the interface that MTU) and sends a vhost-user backend NET_SET_MTU.
+    pub host_mtu: Option<u16>,
     pub memory_mb: u32,
     pub cpus: u32,
     /// From QEMU's start until the guest reports READY.
@@ -97,6 +101,7 @@ impl GuestConfig {
             env: vec![("vn_peer".to_string(), "10.99.0.1".to_string())],
             mac: None,
             mtu: None,
+            host_mtu: None,
             memory_mb: 512,
             cpus: 1,
             boot_timeout: Duration::from_secs(60),
@@ -194,6 +199,9 @@ impl GuestConfig {
         }
         if let Some(mac) = &self.mac {
             device.push_str(&format!(",mac={mac}"));
+        }
+        if let Some(mtu) = self.host_mtu {
+            device.push_str(&format!(",host_mtu={mtu}"));
         }
         cmd.args(["-device", &device]);
         cmd.args(["-display", "none", "-serial", "stdio", "-monitor", "none"]);

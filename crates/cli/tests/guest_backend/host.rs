@@ -197,6 +197,15 @@ impl Host {
         self.ns.stats(&self.tap.name).expect("TAP counters")
     }
 
+    /// The TAP interface's MTU.
+    pub fn tap_mtu(&self) -> u32 {
+        let out = self
+            .ns
+            .exec(&["cat", &format!("/sys/class/net/{}/mtu", self.tap.name)])
+            .expect("TAP MTU");
+        out.trim().parse().expect("MTU")
+    }
+
     /// The TAP's ifindex: the same number before and after proves it is the same device.
     pub fn tap_ifindex(&self) -> u64 {
         let out = self

@@ -11,6 +11,8 @@
 //! - [`guest_survives_backend_restart`]: QEMU with `reconnect=1`; the backend process is killed
 //!   mid-traffic and restarted, and the guest's traffic resumes.
 //! - [`multi_queue_guest_uses_both_pairs`]: `--queues 2`, two vCPUs, traffic on both pairs.
+//! - [`jumbo_mtu_guest_pings_the_host_with_8000_byte_packets`]: `host_mtu=9000`; QEMU's
+//!   NET_SET_MTU sets the TAP's MTU, and 8000-byte pings pass whole, none lost.
 //! - [`figures_backend_vs_qemu_tap`] (ignored): TCG-bound figures, ours beside QEMU's own TAP
 //!   backend, A/B interleaved, medians (docs/PERFORMANCE.md).
 //!
@@ -322,6 +324,49 @@ sleep 1
             backend.summary()
         );
     }
+}
+
+/// QEMU's `host_mtu=9000`: QEMU offers VIRTIO_NET_F_MTU and, once the guest acknowledged it,
+/// sends NET_SET_MTU (with REPLY_ACK) before it starts the queues; the backend sets its TAP's
+/// interface to 9000, Linux gives the guest's interface the config space's 9000, and
+/// 8000-byte pings pass both ways, each one frame (not six fragments), none lost.
+#[test]
+fn jumbo_mtu_guest_pings_the_host_with_8000_byte_packets() {
+    const TEST: &str = "guest_backend_jumbo";
+    let _serial = serial();
+    let Some(image) = prerequisites(TEST) else {
+        return;
+    };
+    let host = Host::with_backend("jumbo", &[]);
+    assert_eq!(host.tap_mtu(), 1500, "the TAP before the guest");
+    let tap0 = host.tap_stats();
+    let script = r#"
+vn_result guest_mtu "$(cat /sys/class/net/$VN_IF/mtu)"
+ping -c 5 -i 0.2 -W 2 -s 8000 "$VN_PEER" > /tmp/ping.txt || true
+cat /tmp/ping.txt
+vn_result ping_loss "$(sed -n 's/.* \([0-9]*\)% packet loss.*/\1/p' /tmp/ping.txt)"
+"#;
+    let mut config = host.guest_config(script);
+    config.host_mtu = Some(9000);
+    let run = host.run_guest(image, config);
+    let tap = tap_delta(&host.tap_stats(), &tap0);
+    report(&run.timing());
+    report(&format!("results: {:?}; TAP moved {tap:?}", run.results));
+    run.assert_script_ok();
+    assert_eq!(run.result("guest_mtu"), Some("9000"), "the guest's MTU");
+    assert_eq!(run.result("ping_loss"), Some("0"), "8000-byte pings lost");
+    assert_eq!(host.tap_mtu(), 9000, "NET_SET_MTU did not reach the TAP");
+    assert_eq!(host.stats().device_mtu, 9000, "the backend's MTU");
+    // Five requests in, five replies out, give or take ARP: fragments would be 30 each way.
+    for key in ["rx_packets", "tx_packets"] {
+        let n = tap[key];
+        assert!((5..=10).contains(&n), "TAP {key}: {n} frames for 5 pings");
+    }
+    assert!(
+        tap["rx_bytes"] >= 5 * 8042,
+        "TAP rx_bytes {}",
+        tap["rx_bytes"]
+    );
 }
 
 /// Figures for docs/PERFORMANCE.md: the traffic script on our backend (busy polling off, then
