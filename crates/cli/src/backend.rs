@@ -1,5 +1,9 @@
 //! `virtnet backend`: the vhost-user-net device, following the vhost-user spec's "Backend
-//! program conventions" (--socket-path, --fd, --print-capabilities).
+//! program conventions" (--socket-path, --fd, --print-capabilities), as a service: systemd
+//! socket activation and readiness (`virtnet_sys::activation`), SIGTERM.
+//!
+//! Invoked as `virtnet-backend` (a link to the binary, which QEMU's vhost-user interop
+//! descriptor names: contrib/), `virtnet` runs this subcommand.
 
 use std::net::TcpListener;
 use std::os::unix::net::UnixListener;
@@ -9,6 +13,7 @@ use std::sync::Arc;
 
 use clap::{Args, ValueEnum};
 use virtnet_backend::{ctl, BackendConfig, Device, IoMode};
+use virtnet_sys::activation::{self, Notifier};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum IoKind {
@@ -22,10 +27,13 @@ pub enum IoKind {
 
 #[derive(Debug, Args)]
 pub struct BackendArgs {
-    /// Listen for the frontend on this unix socket path.
-    #[arg(long, conflicts_with = "fd", required_unless_present_any = ["fd", "print_capabilities"])]
+    /// The vhost-user socket: listen for frontends on this path (the socket file is created,
+    /// and removed on exit). Without it or --fd, the socket systemd passed (socket
+    /// activation, LISTEN_FDS).
+    #[arg(long, conflicts_with = "fd")]
     socket_path: Option<PathBuf>,
-    /// Use this inherited, listening unix socket instead.
+    /// Listen on this inherited, listening unix socket instead (left open and in place on
+    /// exit).
     #[arg(long)]
     fd: Option<i32>,
     /// Print the backend's capabilities as JSON and exit.
@@ -81,8 +89,14 @@ pub fn run(args: BackendArgs) -> Result<(), Box<dyn std::error::Error>> {
         return Ok(());
     }
     // Before any thread starts, so that SIGTERM and SIGINT reach only the thread waiting
-    // for them.
+    // for them, and so that the systemd variables are removed from the environment while
+    // nothing else reads it.
     let signals = virtnet_sys::signals::TerminationSignals::block()?;
+    let activated = activation::listener_from_systemd()?;
+    let notifier = Notifier::from_env().unwrap_or_else(|e| {
+        tracing::warn!(error = %e, "NOTIFY_SOCKET unusable: no readiness notification");
+        None
+    });
     match virtnet_sys::raise_nofile_limit() {
         Ok(n) => tracing::debug!(open_files = n, "open file limit"),
         Err(e) => tracing::warn!(error = %e, "cannot raise the open file limit"),
@@ -107,14 +121,24 @@ pub fn run(args: BackendArgs) -> Result<(), Box<dyn std::error::Error>> {
         poll_rx_from_tx: !args.no_poll_rx_from_tx,
         worker_cpu: args.worker_cpu,
     };
-    let listener = match (&args.socket_path, args.fd) {
-        (Some(path), _) => {
+    let explicit = args.socket_path.is_some() || args.fd.is_some();
+    if explicit && activated.is_some() {
+        tracing::warn!("systemd passed a socket, but --socket-path or --fd says where to serve");
+    }
+    let listener = match (&args.socket_path, args.fd, activated) {
+        (Some(path), _, _) => {
             let _ = std::fs::remove_file(path);
             UnixListener::bind(path)
                 .map_err(|e| format!("cannot listen on {}: {e}", path.display()))?
         }
-        (None, Some(fd)) => virtnet_sys::unix_listener_from_fd(fd)?,
-        (None, None) => unreachable!("clap requires one"),
+        (None, Some(fd), _) => virtnet_sys::unix_listener_from_fd(fd)?,
+        (None, None, Some(listener)) => listener,
+        (None, None, None) => {
+            return Err(
+                "give --socket-path PATH or --fd N, or start under systemd socket activation"
+                    .into(),
+            )
+        }
     };
     let device = Device::new(config).map_err(|e| format!("cannot set up the device: {e}"))?;
     if let Some(path) = &args.ctl {
@@ -133,12 +157,14 @@ pub fn run(args: BackendArgs) -> Result<(), Box<dyn std::error::Error>> {
             .name("virtnet-metrics".into())
             .spawn(move || ctl::serve_metrics(d, l))?;
     }
-    // SIGTERM or SIGINT: stop the queues (used batches published), remove the sockets this
-    // process created, exit 0. A second one exits at once.
+    // SIGTERM or SIGINT: tell systemd, stop the queues (used batches published), remove the
+    // sockets this process created, exit 0. A second one exits at once.
     let created: Vec<PathBuf> = [args.socket_path.clone(), args.ctl.clone()]
         .into_iter()
         .flatten()
         .collect();
+    let notifier = Arc::new(notifier);
+    let n = notifier.clone();
     let d = device.clone();
     std::thread::Builder::new()
         .name("virtnet-signals".into())
@@ -150,6 +176,7 @@ pub fn run(args: BackendArgs) -> Result<(), Box<dyn std::error::Error>> {
                     std::process::exit(128 + sig);
                 }
             });
+            notify(&n, "STOPPING=1");
             let stopped = d.stop_all_queues();
             for path in &created {
                 let _ = std::fs::remove_file(path);
@@ -158,6 +185,16 @@ pub fn run(args: BackendArgs) -> Result<(), Box<dyn std::error::Error>> {
             std::process::exit(0);
         })?;
     tracing::info!(pairs = args.queues, "virtnet backend ready");
+    notify(&notifier, "READY=1");
     virtnet_backend::serve(device, listener, Arc::new(AtomicBool::new(false)))?;
     Ok(())
+}
+
+/// Sends `state` to systemd, if it asked for readiness notifications.
+fn notify(notifier: &Option<Notifier>, state: &str) {
+    if let Some(n) = notifier {
+        if let Err(e) = n.notify(state) {
+            tracing::warn!(error = %e, state, "cannot notify systemd");
+        }
+    }
 }
