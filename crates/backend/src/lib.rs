@@ -3,7 +3,8 @@
 //! to the `null` / `echo` generators.
 //!
 //! The parts, from the socket down (each uses only those below it):
-//! - [`session`]: accepting frontends and serving one connection's requests;
+//! - [`session`]: accepting frontends (or, in client mode, connecting to one) and serving one
+//!   connection's requests;
 //! - [`vhost`]: the vhost-user protocol state of a connection; [`intercept`]: the requests
 //!   its message layer does not dispatch, [`status`] (SET/GET_STATUS) and [`mtu`]
 //!   (NET_SET_MTU);
@@ -47,7 +48,7 @@ pub mod worker;
 pub use device::{Device, DeviceReport};
 pub use error::Error;
 pub use queue::{QueueId, QueueRuntime};
-pub use session::{serve, serve_connection, RequestHandler, Session};
+pub use session::{serve, serve_client, serve_connection, RequestHandler, Session};
 pub use shared::{
     device_features, BackendConfig, IoMode, Shared, MAX_MTU, MAX_PAIRS, MIN_MTU, PROTOCOL_FEATURES,
 };

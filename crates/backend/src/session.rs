@@ -4,8 +4,10 @@
 
 use std::io;
 use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use ::vhost::vhost_user::message::{FrontendReq, VhostUserProtocolFeatures};
 use ::vhost::vhost_user::{BackendReqHandler, Error as VuError};
@@ -199,6 +201,57 @@ pub fn serve(device: Arc<Device>, listener: UnixListener, stop: Arc<AtomicBool>)
     Ok(())
 }
 
+/// Client mode: connects to a frontend listening at `path` (QEMU's `-chardev
+/// socket,server=on`, OVS-DPDK's `dpdkvhostuserclient` ports) and serves it as
+/// [`serve_connection`] serves an accepted one; when the connection ends, or while nothing
+/// listens there yet, connects again after a back-off: [`RECONNECT_FIRST`], doubling on each
+/// attempt that fails (or whose connection lasted less than [`RECONNECT_STABLE`]) up to
+/// [`RECONNECT_MAX`]. Returns once `stop` is set (checked at least every
+/// [`RECONNECT_POLL`] while waiting).
+pub fn serve_client(device: Arc<Device>, path: &Path, stop: Arc<AtomicBool>) -> io::Result<()> {
+    let mut delay = RECONNECT_FIRST;
+    let mut failures = 0u64;
+    while !stop.load(Relaxed) {
+        match UnixStream::connect(path) {
+            Ok(s) => {
+                tracing::info!(path = %path.display(), "connected to the frontend");
+                failures = 0;
+                let started = Instant::now();
+                serve_connection(&device, s);
+                if started.elapsed() >= RECONNECT_STABLE {
+                    delay = RECONNECT_FIRST;
+                }
+            }
+            Err(e) => {
+                // The first failure of a run is worth a line; the retries that follow are not.
+                if failures == 0 {
+                    tracing::info!(path = %path.display(), error = %e, "no frontend yet; retrying");
+                } else {
+                    tracing::debug!(path = %path.display(), error = %e, failures, "no frontend yet");
+                }
+                failures += 1;
+            }
+        }
+        let until = Instant::now() + delay;
+        while !stop.load(Relaxed) && Instant::now() < until {
+            std::thread::sleep(RECONNECT_POLL.min(until.saturating_duration_since(Instant::now())));
+        }
+        delay = (delay * 2).min(RECONNECT_MAX);
+    }
+    Ok(())
+}
+
+/// Client mode's first wait before connecting again, and its ceiling (the wait doubles in
+/// between): a frontend that restarts is found within about 100 ms, one that is away for long
+/// is asked every 5 s.
+pub const RECONNECT_FIRST: Duration = Duration::from_millis(100);
+pub const RECONNECT_MAX: Duration = Duration::from_secs(5);
+/// A connection that lasted this long resets the back-off; a shorter one (a frontend that
+/// accepts and hangs up) counts as a failed attempt.
+pub const RECONNECT_STABLE: Duration = Duration::from_secs(1);
+/// How often a waiting client checks its stop flag.
+pub const RECONNECT_POLL: Duration = Duration::from_millis(50);
+
 /// After a failed accept: out of descriptors or memory (EMFILE, ENFILE, ENOBUFS, ENOMEM) the
 /// next accept fails the same way at once, so wait a little instead of spinning.
 pub(crate) fn accept_failed(e: &io::Error) {
@@ -210,16 +263,15 @@ pub(crate) fn accept_failed(e: &io::Error) {
 }
 
 /// How long an accept loop waits after running out of descriptors or memory.
-pub(crate) const ACCEPT_BACKOFF: std::time::Duration = std::time::Duration::from_millis(100);
+pub(crate) const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
 /// How long a new frontend has to send its first request: one that connects and says nothing
 /// must not keep the next one waiting (frontends are served one at a time).
-pub const FIRST_REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+pub const FIRST_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 
 #[cfg(test)]
 mod tests {
     use std::io::{ErrorKind, Read, Write};
-    use std::time::Duration;
 
     use ::vhost::vhost_user::message::{VhostUserHeaderFlag, VhostUserVirtioFeatures};
     use vnet::vhost_wire::{self, HDR_LEN, VERSION_1};
@@ -386,6 +438,24 @@ mod tests {
             assert_eq!(device.mtu(), 1500);
             assert_eq!(device.device_report().status, 0);
         }
+    }
+
+    #[test]
+    fn a_client_waiting_for_its_frontend_returns_soon_after_stop() {
+        let device = null_device();
+        let stop = Arc::new(AtomicBool::new(false));
+        let s = stop.clone();
+        let path = std::env::temp_dir().join(format!("virtnet-nobody-{}.sock", std::process::id()));
+        let client = std::thread::spawn(move || serve_client(device, &path, s));
+        // Long enough to be in a back-off of several steps.
+        std::thread::sleep(Duration::from_millis(400));
+        let stopped = Instant::now();
+        stop.store(true, Relaxed);
+        while !client.is_finished() {
+            assert!(stopped.elapsed() < RECONNECT_POLL * 4, "still waiting");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        client.join().unwrap().unwrap();
     }
 
     #[test]

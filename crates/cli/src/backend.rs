@@ -1,6 +1,7 @@
 //! `virtnet backend`: the vhost-user-net device, following the vhost-user spec's "Backend
 //! program conventions" (--socket-path, --fd, --print-capabilities), as a service: systemd
-//! socket activation and readiness (`virtnet_sys::activation`), SIGTERM.
+//! socket activation and readiness (`virtnet_sys::activation`), SIGTERM, and client mode
+//! (--client: the backend connects to a listening frontend, and reconnects).
 //!
 //! Invoked as `virtnet-backend` (a link to the binary, which QEMU's vhost-user interop
 //! descriptor names: contrib/), `virtnet` runs this subcommand.
@@ -28,14 +29,20 @@ pub enum IoKind {
 #[derive(Debug, Args)]
 pub struct BackendArgs {
     /// The vhost-user socket: listen for frontends on this path (the socket file is created,
-    /// and removed on exit). Without it or --fd, the socket systemd passed (socket
-    /// activation, LISTEN_FDS).
+    /// and removed on exit), or with --client connect to a frontend listening there. Without
+    /// it or --fd, the socket systemd passed (socket activation, LISTEN_FDS).
     #[arg(long, conflicts_with = "fd")]
     socket_path: Option<PathBuf>,
     /// Listen on this inherited, listening unix socket instead (left open and in place on
     /// exit).
     #[arg(long)]
     fd: Option<i32>,
+    /// Connect to the frontend listening at --socket-path (QEMU `-chardev
+    /// socket,path=P,server=on`) instead of listening; connect again whenever the connection
+    /// ends or nothing listens there yet, after 100 ms doubling to 5 s (reset by a connection
+    /// that lasted 1 s).
+    #[arg(long, requires = "socket_path")]
+    client: bool,
     /// Print the backend's capabilities as JSON and exit.
     #[arg(long)]
     print_capabilities: bool,
@@ -83,6 +90,14 @@ pub struct BackendArgs {
     metrics: Option<String>,
 }
 
+/// Where the frontends come from.
+enum Frontends {
+    /// Accept them on a listening socket (--socket-path, --fd, or systemd's).
+    Listen(UnixListener),
+    /// Connect to the one listening at this path (--client).
+    Connect(PathBuf),
+}
+
 pub fn run(args: BackendArgs) -> Result<(), Box<dyn std::error::Error>> {
     if args.print_capabilities {
         println!("{{\n  \"type\": \"net\"\n}}");
@@ -125,14 +140,17 @@ pub fn run(args: BackendArgs) -> Result<(), Box<dyn std::error::Error>> {
     if explicit && activated.is_some() {
         tracing::warn!("systemd passed a socket, but --socket-path or --fd says where to serve");
     }
-    let listener = match (&args.socket_path, args.fd, activated) {
+    let frontends = match (&args.socket_path, args.fd, activated) {
+        (Some(path), _, _) if args.client => Frontends::Connect(path.clone()),
         (Some(path), _, _) => {
             let _ = std::fs::remove_file(path);
-            UnixListener::bind(path)
-                .map_err(|e| format!("cannot listen on {}: {e}", path.display()))?
+            Frontends::Listen(
+                UnixListener::bind(path)
+                    .map_err(|e| format!("cannot listen on {}: {e}", path.display()))?,
+            )
         }
-        (None, Some(fd), _) => virtnet_sys::unix_listener_from_fd(fd)?,
-        (None, None, Some(listener)) => listener,
+        (None, Some(fd), _) => Frontends::Listen(virtnet_sys::unix_listener_from_fd(fd)?),
+        (None, None, Some(listener)) => Frontends::Listen(listener),
         (None, None, None) => {
             return Err(
                 "give --socket-path PATH or --fd N, or start under systemd socket activation"
@@ -159,7 +177,8 @@ pub fn run(args: BackendArgs) -> Result<(), Box<dyn std::error::Error>> {
     }
     // SIGTERM or SIGINT: tell systemd, stop the queues (used batches published), remove the
     // sockets this process created, exit 0. A second one exits at once.
-    let created: Vec<PathBuf> = [args.socket_path.clone(), args.ctl.clone()]
+    let listening_path = args.socket_path.clone().filter(|_| !args.client);
+    let created: Vec<PathBuf> = [listening_path, args.ctl.clone()]
         .into_iter()
         .flatten()
         .collect();
@@ -186,7 +205,11 @@ pub fn run(args: BackendArgs) -> Result<(), Box<dyn std::error::Error>> {
         })?;
     tracing::info!(pairs = args.queues, "virtnet backend ready");
     notify(&notifier, "READY=1");
-    virtnet_backend::serve(device, listener, Arc::new(AtomicBool::new(false)))?;
+    let stop = Arc::new(AtomicBool::new(false));
+    match frontends {
+        Frontends::Listen(listener) => virtnet_backend::serve(device, listener, stop)?,
+        Frontends::Connect(path) => virtnet_backend::serve_client(device, &path, stop)?,
+    }
     Ok(())
 }
 

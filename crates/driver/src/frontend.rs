@@ -194,12 +194,36 @@ impl Connection {
         mem_size: usize,
         wait: Duration,
     ) -> Result<Connection, FrontendError> {
-        let mut conn = Connection::open(path, num_queues, wanted, required, mem_size, wait)?;
+        let conn = Connection::open(path, num_queues, wanted, required, mem_size, wait)?;
+        conn.with_queues(num_queues, queue_size)
+    }
+
+    /// Like [`Connection::connect`], on a socket already connected to the backend: one a
+    /// listening frontend accepted (QEMU's `-chardev socket,server=on`, with the backend in
+    /// client mode).
+    pub fn from_stream(
+        sock: UnixStream,
+        num_queues: u16,
+        queue_size: u16,
+        wanted: Features,
+        required: Features,
+        mem_size: usize,
+    ) -> Result<Connection, FrontendError> {
+        let conn = Connection::open_stream(sock, num_queues, wanted, required, mem_size)?;
+        conn.with_queues(num_queues, queue_size)
+    }
+
+    /// Sets up queues `0..num_queues` of `queue_size` and ends the handshake's deadline.
+    fn with_queues(
+        mut self,
+        num_queues: u16,
+        queue_size: u16,
+    ) -> Result<Connection, FrontendError> {
         for i in 0..num_queues {
-            conn.setup_queue(i, queue_size)?;
+            self.setup_queue(i, queue_size)?;
         }
-        conn.finish_handshake();
-        Ok(conn)
+        self.finish_handshake();
+        Ok(self)
     }
 
     /// Like [`Connection::connect`], but sets up no queue: the caller reads the config space
@@ -229,6 +253,17 @@ impl Connection {
                 Err(_) => std::thread::sleep(Duration::from_millis(20)),
             }
         };
+        Connection::open_stream(sock, max_queues, wanted, required, mem_size)
+    }
+
+    /// [`Connection::open`] on a connected socket: the handshake, under its deadline.
+    fn open_stream(
+        sock: UnixStream,
+        max_queues: u16,
+        wanted: Features,
+        required: Features,
+        mem_size: usize,
+    ) -> Result<Connection, FrontendError> {
         let watchdog = Watchdog::arm(sock.try_clone()?, HANDSHAKE_TIMEOUT)?;
         match Self::handshake(sock, max_queues, wanted, required, mem_size) {
             Ok(mut conn) => {

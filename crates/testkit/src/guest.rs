@@ -34,6 +34,10 @@ pub enum Netdev {
         queues: u16,
         /// `reconnect=N` on the chardev: QEMU retries a lost backend every N seconds.
         reconnect_secs: Option<u32>,
+        /// `server=on` on the chardev: QEMU listens on `socket` and the backend connects
+        /// (`virtnet backend --client`). QEMU waits for the first connection before it boots
+        /// the guest, and for the next one after the backend goes. Not with `reconnect_secs`.
+        server: bool,
     },
     /// QEMU's own TAP backend (vhost off) on an existing TAP in network namespace `netns`
     /// (QEMU runs inside the namespace). A reference point for the vhost-user backends.
@@ -77,6 +81,7 @@ impl GuestConfig {
                 socket: socket.to_path_buf(),
                 queues: 1,
                 reconnect_secs: None,
+                server: false,
             },
             script,
         )
@@ -176,8 +181,16 @@ impl GuestConfig {
                 socket,
                 queues,
                 reconnect_secs,
+                server,
             } => {
                 let mut chardev = format!("socket,id=c0,path={}", socket.display());
+                assert!(
+                    !(*server && reconnect_secs.is_some()),
+                    "reconnect is for a client chardev"
+                );
+                if *server {
+                    chardev.push_str(",server=on");
+                }
                 if let Some(secs) = reconnect_secs {
                     chardev.push_str(&format!(",reconnect={secs}"));
                 }

@@ -11,6 +11,9 @@
 //! - [`guest_survives_backend_restart`]: QEMU with `reconnect=1`; the backend process is killed
 //!   mid-traffic and restarted, and the guest's traffic resumes.
 //! - [`multi_queue_guest_uses_both_pairs`]: `--queues 2`, two vCPUs, traffic on both pairs.
+//! - [`guest_keeps_its_network_across_a_client_mode_backend_restart`]: QEMU listens
+//!   (`server=on`), the backend connects (`--client`); the backend is killed and restarted,
+//!   connects again, and the guest's network comes back.
 //! - [`jumbo_mtu_guest_pings_the_host_with_8000_byte_packets`]: `host_mtu=9000`; QEMU's
 //!   NET_SET_MTU sets the TAP's MTU, and 8000-byte pings pass whole, none lost.
 //! - [`figures_backend_vs_qemu_tap`] (ignored): TCG-bound figures, ours beside QEMU's own TAP
@@ -211,6 +214,7 @@ vn_result iperf_guest_rx_mbps "$(mbps /tmp/down.txt)"
         socket: host.socket.clone(),
         queues: 1,
         reconnect_secs: Some(1),
+        server: false,
     };
     config.dmesg = true;
     let mut guest = host.start_guest(image, config);
@@ -293,6 +297,7 @@ sleep 1
         socket: host.socket.clone(),
         queues: 2,
         reconnect_secs: None,
+        server: false,
     };
     config.cpus = 2;
     let run = host.run_guest_retrying_boot(image, config);
@@ -324,6 +329,76 @@ sleep 1
             backend.summary()
         );
     }
+}
+
+/// Client mode, OVS-DPDK's way round: QEMU listens on the vhost-user socket (`server=on`) and
+/// `virtnet backend --client` connects to it. The backend starts first and waits for QEMU's
+/// socket; then it is killed (SIGKILL) while the guest pings, and started again: it connects
+/// to the same QEMU, which sets the device up again, and the guest's network comes back.
+#[test]
+fn guest_keeps_its_network_across_a_client_mode_backend_restart() {
+    const TEST: &str = "guest_backend_client";
+    let _serial = serial();
+    let Some(image) = prerequisites(TEST) else {
+        return;
+    };
+    let mut host = Host::with_backend("client", &["--client"]);
+    let script = r#"
+ping -c 3 -i 0.2 -W 2 "$VN_PEER" > /tmp/before.txt || true
+cat /tmp/before.txt
+vn_result ping_loss_before "$(sed -n 's/.* \([0-9]*\)% packet loss.*/\1/p' /tmp/before.txt)"
+vn_mark restart
+sleep 1
+i=0
+until ping -c 1 -W 1 "$VN_PEER" > /dev/null 2>&1; do i=$((i + 1)); [ $i -lt 30 ]; done
+vn_result resume_tries "$i"
+ping -c 5 -i 0.2 -W 2 "$VN_PEER" > /tmp/after.txt || true
+cat /tmp/after.txt
+vn_result ping_loss_after "$(sed -n 's/.* \([0-9]*\)% packet loss.*/\1/p' /tmp/after.txt)"
+"#;
+    let mut config = host.guest_config(script);
+    config.netdev = Netdev::VhostUser {
+        socket: host.socket.clone(),
+        queues: 1,
+        reconnect_secs: None,
+        server: true,
+    };
+    let mut guest = host.start_guest(image, config);
+    guest.wait_ready().unwrap_or_else(|e| panic!("{e}"));
+    guest
+        .wait_mark("restart", Duration::from_secs(60))
+        .unwrap_or_else(|e| panic!("{e}"));
+    host.kill_backend();
+    let killed = Instant::now();
+    host.start_backend();
+    host.wait_backend_log(0, "connected to the frontend", Duration::from_secs(20));
+    report(&format!(
+        "backend restarted and connected after {:.1?}",
+        killed.elapsed()
+    ));
+    let run = guest
+        .finish()
+        .unwrap_or_else(|e| panic!("{e}\nbackend:\n{}", host.backend_log()));
+    let after = host.stats();
+    report(&run.timing());
+    report(&format!("results: {:?}", run.results));
+    run.assert_script_ok();
+    assert_eq!(
+        run.result("ping_loss_before"),
+        Some("0"),
+        "before the restart"
+    );
+    assert_eq!(
+        run.result("ping_loss_after"),
+        Some("0"),
+        "after the restart"
+    );
+    assert!(after.broken().is_empty(), "broken: {:?}", after.broken());
+    assert!(
+        after.sum("rx", "packets") >= 5 && after.sum("tx", "packets") >= 5,
+        "the new backend carried the pings:\n{}",
+        after.summary()
+    );
 }
 
 /// QEMU's `host_mtu=9000`: QEMU offers VIRTIO_NET_F_MTU and, once the guest acknowledged it,
