@@ -187,9 +187,14 @@ impl Shared {
     /// (`fuzzing::shared`), to drive the control queue without the worker threads.
     pub(crate) fn new(config: BackendConfig, taps: Vec<TapQueue>) -> io::Result<Shared> {
         check_pairs(config.pairs)?;
+        let max = max_mtu(&taps);
         let mtu = match config.mtu {
-            Some(m) => check_mtu(m.into(), max_mtu(&taps))
-                .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?,
+            Some(m) => check_mtu(m.into(), max).map_err(|_| {
+                io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("MTU {m}: the device takes {MIN_MTU}..={max}"),
+                )
+            })?,
             None => 1500,
         };
         let queues = || QueueId::all(config.pairs);
@@ -290,5 +295,27 @@ mod tests {
         assert!(last <= u8::MAX as usize, "control queue at {last}");
         assert!(Shared::new(config(MAX_PAIRS + 1), Vec::new()).is_err());
         assert!(Shared::new(config(0), Vec::new()).is_err());
+    }
+
+    #[test]
+    fn the_configured_mtu_is_checked_and_a_set_one_replaces_it() {
+        let config = |mtu| BackendConfig {
+            mtu,
+            ..BackendConfig::default()
+        };
+        let s = Shared::new(config(None), Vec::new()).unwrap();
+        assert_eq!(s.mtu.load(Relaxed), 1500, "the default without a TAP");
+        let s = Shared::new(config(Some(MAX_MTU)), Vec::new()).unwrap();
+        assert_eq!(s.mtu.load(Relaxed), MAX_MTU);
+        assert!(Shared::new(config(Some(MIN_MTU - 1)), Vec::new()).is_err());
+        assert_eq!(s.set_mtu(9000).unwrap(), 9000);
+        assert_eq!(s.mtu.load(Relaxed), 9000);
+        for bad in [0, u64::from(MIN_MTU) - 1, u64::from(MAX_MTU) + 1, u64::MAX] {
+            assert!(
+                matches!(s.set_mtu(bad), Err(Error::OutOfRange { value, .. }) if value == bad),
+                "{bad}"
+            );
+            assert_eq!(s.mtu.load(Relaxed), 9000, "changed by {bad}");
+        }
     }
 }
