@@ -38,6 +38,9 @@ enum Command {
     /// queue interrupts, tx completion); `--list` names them.
     Bench(BenchArgs),
     /// Serve a vhost-user-net device to QEMU, DPDK virtio-user or our driver.
+    ///
+    /// Under systemd it takes its socket by socket activation (LISTEN_FDS) and reports
+    /// readiness to NOTIFY_SOCKET (READY=1, STOPPING=1); SIGTERM or SIGINT stops it cleanly.
     Backend(backend::BackendArgs),
     /// Query or tune a running backend through its control socket.
     Ctl(ctl::CtlArgs),
