@@ -65,13 +65,25 @@ impl Device {
         }
         let io = config.io.clone();
         let shared = Arc::new(Shared::new(config, taps)?);
+        if let Some(tap) = shared.taps.first() {
+            // The MTU asked for is set on the TAP's interface; otherwise the interface's is
+            // the device's.
+            match shared.config.mtu {
+                Some(mtu) => {
+                    shared
+                        .set_mtu(mtu.into())
+                        .map_err(|e| io::Error::other(e.to_string()))?;
+                }
+                None => shared.mtu.store(tap.mtu()?, Relaxed),
+            }
+        }
         let mut workers = Vec::new();
         let mut tap_queues = tap_queues.into_iter();
         for p in 0..shared.config.pairs {
             let worker = match &io {
                 IoMode::Tap(_) => {
                     let q = tap_queues.next().expect("one TAP queue per pair");
-                    spawn_pair(p, TapPort::new(q, shared.config.mtu), &shared)
+                    spawn_pair(p, TapPort::new(q), &shared)
                 }
                 IoMode::Null { size } => spawn_pair(p, NullPort::new(*size, p), &shared),
                 IoMode::Echo => spawn_pair(p, EchoPort::default(), &shared),
@@ -104,8 +116,9 @@ impl Device {
     pub fn mac(&self) -> [u8; 6] {
         self.shared.mac()
     }
+    /// The MTU in effect (the config space's `mtu`).
     pub fn mtu(&self) -> u16 {
-        self.shared.config.mtu
+        self.shared.mtu.load(Relaxed)
     }
     pub fn offered_features(&self) -> Features {
         self.shared.offered
@@ -154,7 +167,9 @@ impl Device {
         Ok(())
     }
 
-    /// A new connection starts with every pair active and the default receive filter.
+    /// A new connection starts with every pair active and the default receive filter. The
+    /// MTU stays as it is (the TAP's interface keeps it too): a frontend that wants another
+    /// sends NET_SET_MTU.
     pub fn reset(&self) {
         let s = &self.shared;
         let _ = s.set_active_pairs(s.config.pairs);
@@ -193,6 +208,7 @@ impl Device {
             features: feature::names(Features(s.features.load(Relaxed))),
             status: s.status.load(Relaxed),
             status_sets: s.status_sets.load(Relaxed),
+            mtu: s.mtu.load(Relaxed),
             mac: s
                 .mac()
                 .iter()
@@ -221,4 +237,7 @@ pub struct DeviceReport {
     /// SET_STATUS requests on this connection (0 from a frontend that does not use them).
     #[serde(default)]
     pub status_sets: u64,
+    /// The MTU in effect: configured, or set by the frontend (NET_SET_MTU).
+    #[serde(default)]
+    pub mtu: u16,
 }

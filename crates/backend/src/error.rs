@@ -18,6 +18,21 @@ pub enum Error {
         #[source]
         source: vring::Error,
     },
+    /// A frontend request carried a value the device cannot take (NET_SET_MTU outside the
+    /// range the device carries).
+    #[error("frontend: {what}: {value} is outside {min}..={max}")]
+    OutOfRange {
+        what: &'static str,
+        value: u64,
+        min: u64,
+        max: u64,
+    },
+    /// A frontend request the device answers itself was not the shape the spec gives it.
+    #[error("frontend: {what}: {why}")]
+    Malformed {
+        what: &'static str,
+        why: &'static str,
+    },
     /// A notification fd the frontend sent misbehaved: a write to it blocked until the
     /// watchdog interrupted it (the frontend cleared `O_NONBLOCK` and filled the counter).
     #[error("frontend: {what}: {source}")]

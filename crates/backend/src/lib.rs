@@ -3,8 +3,11 @@
 //! to the `null` / `echo` generators.
 //!
 //! The parts, from the socket down (each uses only those below it):
-//! - [`session`]: accepting frontends and serving one connection's requests;
-//! - [`vhost`]: the vhost-user protocol state of a connection; [`status`]: SET/GET_STATUS;
+//! - [`session`]: accepting frontends (or, in client mode, connecting to one) and serving one
+//!   connection's requests;
+//! - [`vhost`]: the vhost-user protocol state of a connection; [`intercept`]: the requests
+//!   its message layer does not dispatch, [`status`] (SET/GET_STATUS) and [`mtu`]
+//!   (NET_SET_MTU);
 //! - [`device`]: the device and its worker threads;
 //! - [`ctrlq`]: the control virtqueue (spec 5.1.6.5) on its own thread;
 //! - [`worker`]: the data path of one queue pair (turns, busy polling, sleeping);
@@ -28,7 +31,9 @@ pub mod error;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
 pub mod host;
+pub mod intercept;
 pub mod metrics;
+pub mod mtu;
 pub mod queue;
 pub mod rx;
 pub mod session;
@@ -43,7 +48,8 @@ pub mod worker;
 pub use device::{Device, DeviceReport};
 pub use error::Error;
 pub use queue::{QueueId, QueueRuntime};
-pub use session::{serve, serve_connection, RequestHandler, Session};
+pub use session::{serve, serve_client, serve_connection, RequestHandler, Session};
 pub use shared::{
-    device_features, tap_features, BackendConfig, IoMode, Shared, MAX_PAIRS, PROTOCOL_FEATURES,
+    device_features, tap_features, BackendConfig, IoMode, Shared, MAX_MTU, MAX_PAIRS, MIN_MTU,
+    PROTOCOL_FEATURES,
 };

@@ -1,17 +1,21 @@
 //! Serving frontends: one connection at a time, each request through rust-vmm's message
-//! layer into our protocol state ([`vhost::Connection`]), except the status requests that
-//! layer does not dispatch ([`status`]).
+//! layer into our protocol state ([`vhost::Connection`]), except the requests that layer does
+//! not dispatch ([`intercept`]: the status requests and NET_SET_MTU).
 
 use std::io;
 use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
-use ::vhost::vhost_user::message::VhostUserProtocolFeatures;
+use ::vhost::vhost_user::message::{FrontendReq, VhostUserProtocolFeatures};
 use ::vhost::vhost_user::{BackendReqHandler, Error as VuError};
 
 use super::device::Device;
-use super::{status, vhost};
+use super::intercept::{Handled, Header};
+use super::status::Status;
+use super::{mtu, status, vhost};
 
 /// The vhost-user message layer of one connection, dispatching to its [`vhost::Connection`].
 pub type RequestHandler = BackendReqHandler<Mutex<vhost::Connection>>;
@@ -26,11 +30,12 @@ pub fn serve_connection(device: &Arc<Device>, stream: UnixStream) {
 }
 
 /// One frontend connection being served: rust-vmm's request handler over our protocol state,
-/// plus the status requests the handler does not dispatch ([`status`]).
+/// plus the requests the handler does not dispatch ([`intercept`]).
 pub struct Session {
     handler: Option<RequestHandler>,
     conn: Arc<Mutex<vhost::Connection>>,
-    /// The same socket, to peek at each request and answer the status requests.
+    /// The same socket, to peek at each request and answer those the handler does not
+    /// dispatch.
     stream: UnixStream,
     status: status::Status,
     device: Arc<Device>,
@@ -68,32 +73,16 @@ impl Session {
     /// stopped then). The vhost-user fuzz target steps through the same loop, message by
     /// message (`fuzzing::serve_one`).
     pub(crate) fn serve_one(&mut self) -> bool {
-        let Some(handler) = self.handler.as_mut() else {
+        if self.handler.is_none() {
             return false;
-        };
-        let (negotiated, reply_ack) = match self.conn.lock() {
-            Ok(c) => {
-                let p = c.acked_protocol();
-                let status = p.contains(VhostUserProtocolFeatures::STATUS);
-                (status, p.contains(VhostUserProtocolFeatures::REPLY_ACK))
-            }
-            Err(_) => (false, false),
-        };
-        // Read when GET_STATUS arrives, not before waiting for it.
-        let conn = &self.conn;
-        let needs_reset = || conn.lock().map(|c| c.needs_reset()).unwrap_or(true);
-        let open = match self
-            .status
-            .handle_next(&self.stream, negotiated, reply_ack, needs_reset)
-        {
-            Ok(status::Handled::Yes) => {
-                let shared = self.device.shared();
-                shared.status.store(self.status.status, Relaxed);
-                shared.status_sets.store(self.status.sets, Relaxed);
-                true
-            }
-            Ok(status::Handled::No) => serve_request(handler, &self.conn),
-            Ok(status::Handled::Close(why)) => {
+        }
+        let open = match self.intercept() {
+            Ok(Handled::Yes) => true,
+            Ok(Handled::No) => match self.handler.as_mut() {
+                Some(handler) => serve_request(handler, &self.conn),
+                None => false,
+            },
+            Ok(Handled::Close(why)) => {
                 tracing::warn!(why, "closing the connection");
                 false
             }
@@ -112,6 +101,36 @@ impl Session {
             }
         }
         open
+    }
+
+    /// Answers the next request if it is one rust-vmm's handler does not dispatch, and its
+    /// protocol feature was acknowledged (if not, the handler refuses it, as the spec wants).
+    fn intercept(&mut self) -> io::Result<Handled> {
+        let Some(hdr) = Header::peek(&self.stream)? else {
+            return Ok(Handled::No);
+        };
+        let acked = match self.conn.lock() {
+            Ok(c) => c.acked_protocol(),
+            Err(_) => VhostUserProtocolFeatures::empty(),
+        };
+        let reply_ack = acked.contains(VhostUserProtocolFeatures::REPLY_ACK);
+        if Status::handles(&hdr) && acked.contains(VhostUserProtocolFeatures::STATUS) {
+            // Read when GET_STATUS arrives, not before waiting for it.
+            let conn = &self.conn;
+            let needs_reset = || conn.lock().map(|c| c.needs_reset()).unwrap_or(true);
+            let handled = self
+                .status
+                .handle(&self.stream, &hdr, reply_ack, needs_reset)?;
+            let shared = self.device.shared();
+            shared.status.store(self.status.status, Relaxed);
+            shared.status_sets.store(self.status.sets, Relaxed);
+            return Ok(handled);
+        }
+        if hdr.is(FrontendReq::NET_SET_MTU) && acked.contains(VhostUserProtocolFeatures::MTU) {
+            let shared = self.device.shared();
+            return mtu::handle(&self.stream, &hdr, reply_ack, |m| shared.set_mtu(m));
+        }
+        Ok(Handled::No)
     }
 
     /// Closes the connection and stops its queues (what happens when the frontend goes away).
@@ -182,6 +201,57 @@ pub fn serve(device: Arc<Device>, listener: UnixListener, stop: Arc<AtomicBool>)
     Ok(())
 }
 
+/// Client mode: connects to a frontend listening at `path` (QEMU's `-chardev
+/// socket,server=on`, OVS-DPDK's `dpdkvhostuserclient` ports) and serves it as
+/// [`serve_connection`] serves an accepted one; when the connection ends, or while nothing
+/// listens there yet, connects again after a back-off: [`RECONNECT_FIRST`], doubling on each
+/// attempt that fails (or whose connection lasted less than [`RECONNECT_STABLE`]) up to
+/// [`RECONNECT_MAX`]. Returns once `stop` is set (checked at least every
+/// [`RECONNECT_POLL`] while waiting).
+pub fn serve_client(device: Arc<Device>, path: &Path, stop: Arc<AtomicBool>) -> io::Result<()> {
+    let mut delay = RECONNECT_FIRST;
+    let mut failures = 0u64;
+    while !stop.load(Relaxed) {
+        match UnixStream::connect(path) {
+            Ok(s) => {
+                tracing::info!(path = %path.display(), "connected to the frontend");
+                failures = 0;
+                let started = Instant::now();
+                serve_connection(&device, s);
+                if started.elapsed() >= RECONNECT_STABLE {
+                    delay = RECONNECT_FIRST;
+                }
+            }
+            Err(e) => {
+                // The first failure of a run is worth a line; the retries that follow are not.
+                if failures == 0 {
+                    tracing::info!(path = %path.display(), error = %e, "no frontend yet; retrying");
+                } else {
+                    tracing::debug!(path = %path.display(), error = %e, failures, "no frontend yet");
+                }
+                failures += 1;
+            }
+        }
+        let until = Instant::now() + delay;
+        while !stop.load(Relaxed) && Instant::now() < until {
+            std::thread::sleep(RECONNECT_POLL.min(until.saturating_duration_since(Instant::now())));
+        }
+        delay = (delay * 2).min(RECONNECT_MAX);
+    }
+    Ok(())
+}
+
+/// Client mode's first wait before connecting again, and its ceiling (the wait doubles in
+/// between): a frontend that restarts is found within about 100 ms, one that is away for long
+/// is asked every 5 s.
+pub const RECONNECT_FIRST: Duration = Duration::from_millis(100);
+pub const RECONNECT_MAX: Duration = Duration::from_secs(5);
+/// A connection that lasted this long resets the back-off; a shorter one (a frontend that
+/// accepts and hangs up) counts as a failed attempt.
+pub const RECONNECT_STABLE: Duration = Duration::from_secs(1);
+/// How often a waiting client checks its stop flag.
+pub const RECONNECT_POLL: Duration = Duration::from_millis(50);
+
 /// After a failed accept: out of descriptors or memory (EMFILE, ENFILE, ENOBUFS, ENOMEM) the
 /// next accept fails the same way at once, so wait a little instead of spinning.
 pub(crate) fn accept_failed(e: &io::Error) {
@@ -193,19 +263,19 @@ pub(crate) fn accept_failed(e: &io::Error) {
 }
 
 /// How long an accept loop waits after running out of descriptors or memory.
-pub(crate) const ACCEPT_BACKOFF: std::time::Duration = std::time::Duration::from_millis(100);
+pub(crate) const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
 /// How long a new frontend has to send its first request: one that connects and says nothing
 /// must not keep the next one waiting (frontends are served one at a time).
-pub const FIRST_REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+pub const FIRST_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 
 #[cfg(test)]
 mod tests {
     use std::io::{ErrorKind, Read, Write};
-    use std::time::Duration;
 
-    use ::vhost::vhost_user::message::{FrontendReq, VhostUserHeaderFlag, VhostUserVirtioFeatures};
+    use ::vhost::vhost_user::message::{VhostUserHeaderFlag, VhostUserVirtioFeatures};
     use vnet::vhost_wire::{self, HDR_LEN, VERSION_1};
+    use vring::Features;
 
     use super::*;
     use crate::queue::QueueId;
@@ -223,6 +293,169 @@ mod tests {
         assert_eq!(flags, VERSION_1 | VhostUserHeaderFlag::REPLY.bits());
         assert_eq!(size, 8);
         u64::from_le_bytes(reply[HDR_LEN..].try_into().unwrap())
+    }
+
+    /// Sends `payload` as request `code` with `flags` and serves it.
+    fn send(
+        session: &mut Session,
+        mut frontend: &UnixStream,
+        code: FrontendReq,
+        flags: u32,
+        payload: &[u8],
+    ) -> bool {
+        frontend
+            .write_all(&vhost_wire::encode(code, flags, payload))
+            .unwrap();
+        session.serve_one()
+    }
+
+    /// The u64 reply to `code` waiting on `frontend`.
+    fn reply_u64(mut frontend: &UnixStream, code: FrontendReq) -> u64 {
+        let mut reply = [0u8; HDR_LEN + 8];
+        frontend.read_exact(&mut reply).unwrap();
+        let (got, flags, size) = vhost_wire::decode_header(reply[..HDR_LEN].try_into().unwrap());
+        assert_eq!(
+            (got, flags, size),
+            (
+                u32::from(code),
+                VERSION_1 | VhostUserHeaderFlag::REPLY.bits(),
+                8
+            )
+        );
+        u64::from_ne_bytes(reply[HDR_LEN..].try_into().unwrap())
+    }
+
+    /// A session on `device` whose frontend acknowledged PROTOCOL_FEATURES and `protocol`.
+    fn negotiated(
+        device: &Arc<Device>,
+        protocol: VhostUserProtocolFeatures,
+    ) -> (Session, UnixStream) {
+        let (frontend, backend_end) = UnixStream::pair().unwrap();
+        frontend
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        let mut session = Session::new(device, backend_end).unwrap();
+        get_features(&mut session, &frontend);
+        let features = Features::VERSION_1.0 | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits();
+        let set = FrontendReq::SET_FEATURES;
+        assert!(send(
+            &mut session,
+            &frontend,
+            set,
+            VERSION_1,
+            &features.to_le_bytes()
+        ));
+        let set = FrontendReq::SET_PROTOCOL_FEATURES;
+        let bits = protocol.bits().to_le_bytes();
+        assert!(send(&mut session, &frontend, set, VERSION_1, &bits));
+        assert_eq!(session.conn.lock().unwrap().acked_protocol(), protocol);
+        (session, frontend)
+    }
+
+    /// The config space's `mtu` (VIRTIO 1.2 5.1.4: bytes 10 and 11, little-endian).
+    fn config_mtu(session: &Session) -> u16 {
+        let flags = ::vhost::vhost_user::message::VhostUserConfigFlags::empty();
+        let mut conn = session.conn.lock().unwrap();
+        let b = ::vhost::vhost_user::VhostUserBackendReqHandlerMut::get_config(
+            &mut *conn, 10, 2, flags,
+        )
+        .unwrap();
+        u16::from_le_bytes([b[0], b[1]])
+    }
+
+    #[test]
+    fn net_set_mtu_is_applied_acked_and_reported_in_the_config_space() {
+        let device = null_device();
+        let protocol = VhostUserProtocolFeatures::MTU | VhostUserProtocolFeatures::REPLY_ACK;
+        let (mut session, frontend) = negotiated(&device, protocol);
+        assert_eq!(config_mtu(&session), 1500, "the default");
+        let set_mtu = FrontendReq::NET_SET_MTU;
+        let need_reply = VERSION_1 | VhostUserHeaderFlag::NEED_REPLY.bits();
+        assert!(send(
+            &mut session,
+            &frontend,
+            set_mtu,
+            need_reply,
+            &9000u64.to_ne_bytes()
+        ));
+        assert_eq!(reply_u64(&frontend, set_mtu), 0, "acked");
+        assert_eq!((device.mtu(), config_mtu(&session)), (9000, 9000));
+        assert_eq!(device.device_report().mtu, 9000);
+
+        // Refused with a non-zero ack, nothing changed, the connection served on.
+        let bad: [&[u8]; 4] = [
+            &67u64.to_ne_bytes(),
+            &65536u64.to_ne_bytes(),
+            &[0x28, 0x23],
+            &[],
+        ];
+        for payload in bad {
+            assert!(
+                send(&mut session, &frontend, set_mtu, need_reply, payload),
+                "{payload:02x?} closed it"
+            );
+            assert_eq!(reply_u64(&frontend, set_mtu), 1, "{payload:02x?} acked");
+            assert_eq!(device.mtu(), 9000, "{payload:02x?} applied");
+        }
+        let features = get_features(&mut session, &frontend);
+        assert_eq!(
+            features & VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits(),
+            VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
+        );
+        // The MTU is the device's: the next connection finds it.
+        drop(session);
+        let (session, _frontend) = negotiated(&device, protocol);
+        assert_eq!(config_mtu(&session), 9000);
+    }
+
+    #[test]
+    fn requests_of_features_not_acknowledged_go_to_the_handler_which_closes_the_connection() {
+        let device = null_device();
+        for (protocol, code, payload) in [
+            (
+                VhostUserProtocolFeatures::REPLY_ACK,
+                FrontendReq::NET_SET_MTU,
+                9000u64,
+            ),
+            (
+                VhostUserProtocolFeatures::REPLY_ACK,
+                FrontendReq::SET_STATUS,
+                1u64,
+            ),
+        ] {
+            let (mut session, frontend) = negotiated(&device, protocol);
+            let need_reply = VERSION_1 | VhostUserHeaderFlag::NEED_REPLY.bits();
+            assert!(
+                !send(
+                    &mut session,
+                    &frontend,
+                    code,
+                    need_reply,
+                    &payload.to_ne_bytes()
+                ),
+                "{code:?} was served"
+            );
+            assert_eq!(device.mtu(), 1500);
+            assert_eq!(device.device_report().status, 0);
+        }
+    }
+
+    #[test]
+    fn a_client_waiting_for_its_frontend_returns_soon_after_stop() {
+        let device = null_device();
+        let stop = Arc::new(AtomicBool::new(false));
+        let s = stop.clone();
+        let path = std::env::temp_dir().join(format!("virtnet-nobody-{}.sock", std::process::id()));
+        let client = std::thread::spawn(move || serve_client(device, &path, s));
+        // Long enough to be in a back-off of several steps.
+        std::thread::sleep(Duration::from_millis(400));
+        let stopped = Instant::now();
+        stop.store(true, Relaxed);
+        while !client.is_finished() {
+            assert!(stopped.elapsed() < RECONNECT_POLL * 4, "still waiting");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        client.join().unwrap().unwrap();
     }
 
     #[test]

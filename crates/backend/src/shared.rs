@@ -11,11 +11,13 @@ use virtnet_sys::tap::{TapQueue, TapSupport};
 use vnet::feature;
 use vring::Features;
 
+use super::error::Error;
 use super::metrics::{QueueCounters, QueueTunables};
 use super::queue::QueueId;
 
 /// The vhost-user protocol features we implement. rust-vmm `vhost` 0.18 does not dispatch
-/// SET_STATUS/GET_STATUS to a backend: the session answers those itself (`status.rs`).
+/// SET_STATUS/GET_STATUS or NET_SET_MTU to a backend: the session answers those itself
+/// (`intercept.rs`, with `status.rs` and `mtu.rs`).
 pub const PROTOCOL_FEATURES: VhostUserProtocolFeatures = VhostUserProtocolFeatures::MQ
     .union(VhostUserProtocolFeatures::REPLY_ACK)
     .union(VhostUserProtocolFeatures::CONFIG)
@@ -78,7 +80,10 @@ pub struct BackendConfig {
     pub pairs: u16,
     pub io: IoMode,
     pub mac: [u8; 6],
-    pub mtu: u16,
+    /// The MTU to start with, set on the TAP's interface ([`MIN_MTU`] up to what the device
+    /// carries, [`Shared::max_mtu`]). None: the TAP's MTU as it is, or 1500 without a TAP.
+    /// The frontend may change it (NET_SET_MTU).
+    pub mtu: Option<u16>,
     pub busy_poll_us: u32,
     /// A slow device on purpose (the control-queue benchmark): wait this long before answering
     /// each control command. The `experiments` feature.
@@ -104,7 +109,7 @@ impl Default for BackendConfig {
             pairs: 1,
             io: IoMode::Null { size: 64 },
             mac: [0x52, 0x54, 0x00, 0x12, 0x34, 0x56],
-            mtu: 1500,
+            mtu: None,
             busy_poll_us: 0,
             #[cfg(feature = "experiments")]
             ctrl_delay_us: 0,
@@ -133,6 +138,10 @@ pub struct Shared {
     pub allmulti: AtomicBool,
     /// The MAC address, packed in the low 48 bits.
     pub mac: AtomicU64,
+    /// The MTU in effect, which the config space reports: the configured one, then the last
+    /// NET_SET_MTU's. The device's, not a connection's: it stays when a frontend goes, as the
+    /// TAP's interface keeps it.
+    pub mtu: AtomicU16,
     /// Each data worker's wake-up eventfd, so a control command can get it to re-check.
     pub wakes: Vec<vmm_sys_util::eventfd::EventFd>,
     /// The virtio features the frontend acknowledged (0 before SET_FEATURES), for reports.
@@ -157,6 +166,31 @@ pub(crate) fn mac_to_u64(mac: [u8; 6]) -> u64 {
 /// virtqueue 255.
 pub const MAX_PAIRS: u16 = 127;
 
+/// The smallest MTU, and the largest, that the config space may hold (VIRTIO 1.2 5.1.4.1).
+pub const MIN_MTU: u16 = 68;
+pub const MAX_MTU: u16 = 65535;
+
+/// `mtu` as an MTU the device takes: in [`MIN_MTU`]..=`max`.
+pub(crate) fn check_mtu(mtu: u64, max: u16) -> Result<u16, Error> {
+    u16::try_from(mtu)
+        .ok()
+        .filter(|m| (MIN_MTU..=max).contains(m))
+        .ok_or(Error::OutOfRange {
+            what: "MTU",
+            value: mtu,
+            min: MIN_MTU.into(),
+            max: max.into(),
+        })
+}
+
+fn max_mtu(taps: &[TapQueue]) -> u16 {
+    if taps.is_empty() {
+        MAX_MTU
+    } else {
+        TapQueue::MAX_MTU
+    }
+}
+
 pub(crate) fn check_pairs(pairs: u16) -> io::Result<()> {
     if pairs == 0 || pairs > MAX_PAIRS {
         return Err(io::Error::new(
@@ -174,6 +208,16 @@ impl Shared {
     /// (`fuzzing::shared`), to drive the control queue without the worker threads.
     pub(crate) fn new(config: BackendConfig, taps: Vec<TapQueue>) -> io::Result<Shared> {
         check_pairs(config.pairs)?;
+        let max = max_mtu(&taps);
+        let mtu = match config.mtu {
+            Some(m) => check_mtu(m.into(), max).map_err(|_| {
+                io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("MTU {m}: the device takes {MIN_MTU}..={max}"),
+                )
+            })?,
+            None => 1500,
+        };
         let queues = || QueueId::all(config.pairs);
         let counters = queues().map(|_| Arc::default()).collect();
         let tunables: Vec<Arc<QueueTunables>> = queues().map(|_| Arc::default()).collect();
@@ -190,6 +234,7 @@ impl Shared {
             promisc: AtomicBool::new(true),
             allmulti: AtomicBool::new(false),
             mac: AtomicU64::new(mac_to_u64(config.mac)),
+            mtu: AtomicU16::new(mtu),
             features: AtomicU64::new(0),
             status: AtomicU8::new(0),
             status_sets: AtomicU64::new(0),
@@ -206,6 +251,25 @@ impl Shared {
     pub fn mac(&self) -> [u8; 6] {
         let b = self.mac.load(Relaxed).to_le_bytes();
         [b[0], b[1], b[2], b[3], b[4], b[5]]
+    }
+
+    /// The largest MTU the device carries: a TAP interface's limit ([`TapQueue::MAX_MTU`]),
+    /// or [`MAX_MTU`] for the generators (their buffers hold a 64 KiB frame).
+    pub fn max_mtu(&self) -> u16 {
+        max_mtu(&self.taps)
+    }
+
+    /// Sets the MTU (NET_SET_MTU, or the configured one at start): checked against what the
+    /// device carries, set on the TAP's interface (one for all its queues), then reported in
+    /// the config space. Refused, nothing changes.
+    pub fn set_mtu(&self, mtu: u64) -> Result<u16, Error> {
+        let mtu = check_mtu(mtu, self.max_mtu())?;
+        if let Some(tap) = self.taps.first() {
+            tap.set_mtu(mtu)
+                .map_err(Error::host("setting the TAP interface's MTU"))?;
+        }
+        self.mtu.store(mtu, Relaxed);
+        Ok(mtu)
     }
 
     /// Whether a frame to `dst` passes the receive filter.
@@ -257,5 +321,27 @@ mod tests {
         assert!(last <= u8::MAX as usize, "control queue at {last}");
         assert!(Shared::new(config(MAX_PAIRS + 1), Vec::new()).is_err());
         assert!(Shared::new(config(0), Vec::new()).is_err());
+    }
+
+    #[test]
+    fn the_configured_mtu_is_checked_and_a_set_one_replaces_it() {
+        let config = |mtu| BackendConfig {
+            mtu,
+            ..BackendConfig::default()
+        };
+        let s = Shared::new(config(None), Vec::new()).unwrap();
+        assert_eq!(s.mtu.load(Relaxed), 1500, "the default without a TAP");
+        let s = Shared::new(config(Some(MAX_MTU)), Vec::new()).unwrap();
+        assert_eq!(s.mtu.load(Relaxed), MAX_MTU);
+        assert!(Shared::new(config(Some(MIN_MTU - 1)), Vec::new()).is_err());
+        assert_eq!(s.set_mtu(9000).unwrap(), 9000);
+        assert_eq!(s.mtu.load(Relaxed), 9000);
+        for bad in [0, u64::from(MIN_MTU) - 1, u64::from(MAX_MTU) + 1, u64::MAX] {
+            assert!(
+                matches!(s.set_mtu(bad), Err(Error::OutOfRange { value, .. }) if value == bad),
+                "{bad}"
+            );
+            assert_eq!(s.mtu.load(Relaxed), 9000, "changed by {bad}");
+        }
     }
 }

@@ -1,5 +1,10 @@
 //! `virtnet backend`: the vhost-user-net device, following the vhost-user spec's "Backend
-//! program conventions" (--socket-path, --fd, --print-capabilities).
+//! program conventions" (--socket-path, --fd, --print-capabilities), as a service: systemd
+//! socket activation and readiness (`virtnet_sys::activation`), SIGTERM, and client mode
+//! (--client: the backend connects to a listening frontend, and reconnects).
+//!
+//! Invoked as `virtnet-backend` (a link to the binary, which QEMU's vhost-user interop
+//! descriptor names: contrib/), `virtnet` runs this subcommand.
 
 use std::net::TcpListener;
 use std::os::unix::net::UnixListener;
@@ -9,6 +14,7 @@ use std::sync::Arc;
 
 use clap::{Args, ValueEnum};
 use virtnet_backend::{ctl, BackendConfig, Device, IoMode};
+use virtnet_sys::activation::{self, Notifier};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum IoKind {
@@ -22,12 +28,21 @@ pub enum IoKind {
 
 #[derive(Debug, Args)]
 pub struct BackendArgs {
-    /// Listen for the frontend on this unix socket path.
-    #[arg(long, conflicts_with = "fd", required_unless_present_any = ["fd", "print_capabilities"])]
+    /// The vhost-user socket: listen for frontends on this path (the socket file is created,
+    /// and removed on exit), or with --client connect to a frontend listening there. Without
+    /// it or --fd, the socket systemd passed (socket activation, LISTEN_FDS).
+    #[arg(long, conflicts_with = "fd")]
     socket_path: Option<PathBuf>,
-    /// Use this inherited, listening unix socket instead.
+    /// Listen on this inherited, listening unix socket instead (left open and in place on
+    /// exit).
     #[arg(long)]
     fd: Option<i32>,
+    /// Connect to the frontend listening at --socket-path (QEMU `-chardev
+    /// socket,path=P,server=on`) instead of listening; connect again whenever the connection
+    /// ends or nothing listens there yet, after 100 ms doubling to 5 s (reset by a connection
+    /// that lasted 1 s).
+    #[arg(long, requires = "socket_path")]
+    client: bool,
     /// Print the backend's capabilities as JSON and exit.
     #[arg(long)]
     print_capabilities: bool,
@@ -45,8 +60,12 @@ pub struct BackendArgs {
     queues: u16,
     #[arg(long, default_value = "52:54:00:12:34:56")]
     mac: String,
-    #[arg(long, default_value_t = 1500)]
-    mtu: u16,
+    /// MTU of the device (68 to 65535; at most 65521 on a TAP), set on the TAP's interface
+    /// and reported to the driver in the config space. Default: the TAP's MTU as it is, or
+    /// 1500 without a TAP. The frontend may change it (VHOST_USER_NET_SET_MTU: QEMU's
+    /// `host_mtu`).
+    #[arg(long, value_parser = clap::value_parser!(u16).range(68..))]
+    mtu: Option<u16>,
     /// Busy-poll timeout per queue in microseconds (0 = off); `virtnet ctl` changes it live.
     #[arg(long, default_value_t = 0)]
     busy_poll_us: u32,
@@ -76,14 +95,28 @@ pub struct BackendArgs {
     metrics: Option<String>,
 }
 
+/// Where the frontends come from.
+enum Frontends {
+    /// Accept them on a listening socket (--socket-path, --fd, or systemd's).
+    Listen(UnixListener),
+    /// Connect to the one listening at this path (--client).
+    Connect(PathBuf),
+}
+
 pub fn run(args: BackendArgs) -> Result<(), Box<dyn std::error::Error>> {
     if args.print_capabilities {
         println!("{{\n  \"type\": \"net\"\n}}");
         return Ok(());
     }
     // Before any thread starts, so that SIGTERM and SIGINT reach only the thread waiting
-    // for them.
+    // for them, and so that the systemd variables are removed from the environment while
+    // nothing else reads it.
     let signals = virtnet_sys::signals::TerminationSignals::block()?;
+    let activated = activation::listener_from_systemd()?;
+    let notifier = Notifier::from_env().unwrap_or_else(|e| {
+        tracing::warn!(error = %e, "NOTIFY_SOCKET unusable: no readiness notification");
+        None
+    });
     match virtnet_sys::raise_nofile_limit() {
         Ok(n) => tracing::debug!(open_files = n, "open file limit"),
         Err(e) => tracing::warn!(error = %e, "cannot raise the open file limit"),
@@ -109,14 +142,27 @@ pub fn run(args: BackendArgs) -> Result<(), Box<dyn std::error::Error>> {
         worker_cpu: args.worker_cpu,
         tap_sndbuf: args.tap_sndbuf,
     };
-    let listener = match (&args.socket_path, args.fd) {
-        (Some(path), _) => {
+    let explicit = args.socket_path.is_some() || args.fd.is_some();
+    if explicit && activated.is_some() {
+        tracing::warn!("systemd passed a socket, but --socket-path or --fd says where to serve");
+    }
+    let frontends = match (&args.socket_path, args.fd, activated) {
+        (Some(path), _, _) if args.client => Frontends::Connect(path.clone()),
+        (Some(path), _, _) => {
             let _ = std::fs::remove_file(path);
-            UnixListener::bind(path)
-                .map_err(|e| format!("cannot listen on {}: {e}", path.display()))?
+            Frontends::Listen(
+                UnixListener::bind(path)
+                    .map_err(|e| format!("cannot listen on {}: {e}", path.display()))?,
+            )
         }
-        (None, Some(fd)) => virtnet_sys::unix_listener_from_fd(fd)?,
-        (None, None) => unreachable!("clap requires one"),
+        (None, Some(fd), _) => Frontends::Listen(virtnet_sys::unix_listener_from_fd(fd)?),
+        (None, None, Some(listener)) => Frontends::Listen(listener),
+        (None, None, None) => {
+            return Err(
+                "give --socket-path PATH or --fd N, or start under systemd socket activation"
+                    .into(),
+            )
+        }
     };
     let device = Device::new(config).map_err(|e| format!("cannot set up the device: {e}"))?;
     if let Some(path) = &args.ctl {
@@ -135,12 +181,15 @@ pub fn run(args: BackendArgs) -> Result<(), Box<dyn std::error::Error>> {
             .name("virtnet-metrics".into())
             .spawn(move || ctl::serve_metrics(d, l))?;
     }
-    // SIGTERM or SIGINT: stop the queues (used batches published), remove the sockets this
-    // process created, exit 0. A second one exits at once.
-    let created: Vec<PathBuf> = [args.socket_path.clone(), args.ctl.clone()]
+    // SIGTERM or SIGINT: tell systemd, stop the queues (used batches published), remove the
+    // sockets this process created, exit 0. A second one exits at once.
+    let listening_path = args.socket_path.clone().filter(|_| !args.client);
+    let created: Vec<PathBuf> = [listening_path, args.ctl.clone()]
         .into_iter()
         .flatten()
         .collect();
+    let notifier = Arc::new(notifier);
+    let n = notifier.clone();
     let d = device.clone();
     std::thread::Builder::new()
         .name("virtnet-signals".into())
@@ -152,6 +201,7 @@ pub fn run(args: BackendArgs) -> Result<(), Box<dyn std::error::Error>> {
                     std::process::exit(128 + sig);
                 }
             });
+            notify(&n, "STOPPING=1");
             let stopped = d.stop_all_queues();
             for path in &created {
                 let _ = std::fs::remove_file(path);
@@ -160,6 +210,20 @@ pub fn run(args: BackendArgs) -> Result<(), Box<dyn std::error::Error>> {
             std::process::exit(0);
         })?;
     tracing::info!(pairs = args.queues, "virtnet backend ready");
-    virtnet_backend::serve(device, listener, Arc::new(AtomicBool::new(false)))?;
+    notify(&notifier, "READY=1");
+    let stop = Arc::new(AtomicBool::new(false));
+    match frontends {
+        Frontends::Listen(listener) => virtnet_backend::serve(device, listener, stop)?,
+        Frontends::Connect(path) => virtnet_backend::serve_client(device, &path, stop)?,
+    }
     Ok(())
+}
+
+/// Sends `state` to systemd, if it asked for readiness notifications.
+fn notify(notifier: &Option<Notifier>, state: &str) {
+    if let Some(n) = notifier {
+        if let Err(e) = n.notify(state) {
+            tracing::warn!(error = %e, state, "cannot notify systemd");
+        }
+    }
 }

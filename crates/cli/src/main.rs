@@ -2,7 +2,8 @@
 //!
 //! - `virtnet bench`: the measurement experiments of the `bench` crate, as tables (or, with
 //!   `--json`, one JSON document);
-//! - `virtnet backend`: the vhost-user-net device ([`backend`]);
+//! - `virtnet backend`: the vhost-user-net device ([`backend`]); the binary invoked as
+//!   `virtnet-backend` (a link, the name contrib/qemu's vhost-user descriptor gives) runs it;
 //! - `virtnet ctl`: a running backend's control socket ([`ctl`]);
 //! - `virtnet gen`: traffic from our driver against any vhost-user-net backend ([`gen`]).
 
@@ -37,6 +38,9 @@ enum Command {
     /// queue interrupts, tx completion); `--list` names them.
     Bench(BenchArgs),
     /// Serve a vhost-user-net device to QEMU, DPDK virtio-user or our driver.
+    ///
+    /// Under systemd it takes its socket by socket activation (LISTEN_FDS) and reports
+    /// readiness to NOTIFY_SOCKET (READY=1, STOPPING=1); SIGTERM or SIGINT stops it cleanly.
     Backend(backend::BackendArgs),
     /// Query or tune a running backend through its control socket.
     Ctl(ctl::CtlArgs),
@@ -87,7 +91,19 @@ fn report(what: &str, r: Result<(), Box<dyn std::error::Error>>) -> ExitCode {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    // Invoked as `virtnet-backend` (what QEMU's vhost-user interop descriptor names, and what
+    // management software runs with --print-capabilities, --socket-path or --fd), run the
+    // backend subcommand.
+    let mut argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let invoked_as = argv
+        .first()
+        .and_then(|a| std::path::Path::new(a).file_name())
+        .map(|n| n == "virtnet-backend")
+        .unwrap_or(false);
+    if invoked_as {
+        argv.insert(1, "backend".into());
+    }
+    let cli = Cli::parse_from(argv);
     // The bench runs backends in-process: their connection notices would drown its tables.
     init_logging(match cli.command {
         Command::Bench(_) | Command::Gen(_) => "warn",

@@ -2,9 +2,13 @@
 //! published), the sockets it created removed, exit status 0, within a second; a second signal
 //! exits at once.
 
+mod service;
+
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
+
+use service::{exited, kill, BIN};
 
 use testkit::inproc::{connect_socket, echo_round, WANTED};
 use testkit::ScratchDir;
@@ -12,7 +16,7 @@ use testkit::ScratchDir;
 /// `virtnet backend --io echo` with a vhost-user and a ctl socket in `dir`, once it listens.
 fn start(dir: &Path) -> (Child, PathBuf, PathBuf) {
     let (socket, ctl) = (dir.join("vhost.sock"), dir.join("ctl.sock"));
-    let child = Command::new(env!("CARGO_BIN_EXE_virtnet"))
+    let child = Command::new(BIN)
         .arg("backend")
         .arg("--socket-path")
         .arg(&socket)
@@ -26,31 +30,6 @@ fn start(dir: &Path) -> (Child, PathBuf, PathBuf) {
         "the backend never listened"
     );
     (child, socket, ctl)
-}
-
-fn kill(child: &Child, signal: &str) {
-    let ok = Command::new("kill")
-        .args([signal, &child.id().to_string()])
-        .status()
-        .expect("kill")
-        .success();
-    assert!(ok, "kill {signal}");
-}
-
-/// Waits up to `within` for `child` to exit.
-fn exited(child: &mut Child, within: Duration) -> Option<ExitStatus> {
-    let deadline = Instant::now() + within;
-    loop {
-        if let Some(status) = child.try_wait().expect("wait") {
-            return Some(status);
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
 }
 
 #[test]

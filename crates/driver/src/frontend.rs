@@ -107,7 +107,8 @@ pub struct QueueSetup {
 /// A connected, negotiated vhost-user device.
 pub struct Connection {
     frontend: Frontend,
-    /// The same socket, for SET_STATUS and GET_STATUS, which rust-vmm's `Frontend` cannot send.
+    /// The same socket, for SET_STATUS, GET_STATUS and NET_SET_MTU, which rust-vmm's
+    /// `Frontend` cannot send.
     raw: UnixStream,
     /// Armed from connecting until [`Connection::finish_handshake`].
     watchdog: Option<Watchdog>,
@@ -193,12 +194,36 @@ impl Connection {
         mem_size: usize,
         wait: Duration,
     ) -> Result<Connection, FrontendError> {
-        let mut conn = Connection::open(path, num_queues, wanted, required, mem_size, wait)?;
+        let conn = Connection::open(path, num_queues, wanted, required, mem_size, wait)?;
+        conn.with_queues(num_queues, queue_size)
+    }
+
+    /// Like [`Connection::connect`], on a socket already connected to the backend: one a
+    /// listening frontend accepted (QEMU's `-chardev socket,server=on`, with the backend in
+    /// client mode).
+    pub fn from_stream(
+        sock: UnixStream,
+        num_queues: u16,
+        queue_size: u16,
+        wanted: Features,
+        required: Features,
+        mem_size: usize,
+    ) -> Result<Connection, FrontendError> {
+        let conn = Connection::open_stream(sock, num_queues, wanted, required, mem_size)?;
+        conn.with_queues(num_queues, queue_size)
+    }
+
+    /// Sets up queues `0..num_queues` of `queue_size` and ends the handshake's deadline.
+    fn with_queues(
+        mut self,
+        num_queues: u16,
+        queue_size: u16,
+    ) -> Result<Connection, FrontendError> {
         for i in 0..num_queues {
-            conn.setup_queue(i, queue_size)?;
+            self.setup_queue(i, queue_size)?;
         }
-        conn.finish_handshake();
-        Ok(conn)
+        self.finish_handshake();
+        Ok(self)
     }
 
     /// Like [`Connection::connect`], but sets up no queue: the caller reads the config space
@@ -228,6 +253,17 @@ impl Connection {
                 Err(_) => std::thread::sleep(Duration::from_millis(20)),
             }
         };
+        Connection::open_stream(sock, max_queues, wanted, required, mem_size)
+    }
+
+    /// [`Connection::open`] on a connected socket: the handshake, under its deadline.
+    fn open_stream(
+        sock: UnixStream,
+        max_queues: u16,
+        wanted: Features,
+        required: Features,
+        mem_size: usize,
+    ) -> Result<Connection, FrontendError> {
         let watchdog = Watchdog::arm(sock.try_clone()?, HANDSHAKE_TIMEOUT)?;
         match Self::handshake(sock, max_queues, wanted, required, mem_size) {
             Ok(mut conn) => {
@@ -264,6 +300,7 @@ impl Connection {
             let ours = VhostUserProtocolFeatures::MQ
                 | VhostUserProtocolFeatures::REPLY_ACK
                 | VhostUserProtocolFeatures::CONFIG
+                | VhostUserProtocolFeatures::MTU
                 | VhostUserProtocolFeatures::STATUS;
             protocol = frontend
                 .get_protocol_features()
@@ -353,6 +390,42 @@ impl Connection {
                     request: "SET_STATUS",
                     reason: format!("the backend refused status {value:#x} (reply {code})"),
                 });
+            }
+        }
+        Ok(())
+    }
+
+    /// Tells the backend the MTU the driver is given (NET_SET_MTU, what QEMU sends for
+    /// `host_mtu`), and with REPLY_ACK waits for its answer: an error if it refused. Needs the
+    /// MTU protocol feature.
+    pub fn set_mtu(&mut self, mtu: u16) -> Result<(), FrontendError> {
+        let refused = |reason: String| FrontendError::Status {
+            request: "NET_SET_MTU",
+            reason,
+        };
+        if !self.protocol.contains(VhostUserProtocolFeatures::MTU) {
+            return Err(refused(
+                "the MTU protocol feature was not negotiated".into(),
+            ));
+        }
+        let ack = self.protocol.contains(VhostUserProtocolFeatures::REPLY_ACK);
+        let need_reply = if ack {
+            VhostUserHeaderFlag::NEED_REPLY.bits()
+        } else {
+            0
+        };
+        let msg = vhost_wire::encode(
+            FrontendReq::NET_SET_MTU,
+            vhost_wire::VERSION_1 | need_reply,
+            &u64::from(mtu).to_ne_bytes(),
+        );
+        self.raw.write_all(&msg)?;
+        if ack {
+            let code = self.reply(FrontendReq::NET_SET_MTU, "NET_SET_MTU")?;
+            if code != 0 {
+                return Err(refused(format!(
+                    "the backend refused MTU {mtu} (reply {code})"
+                )));
             }
         }
         Ok(())

@@ -3,13 +3,14 @@
 //! I/O ([`tap`], whose vectored I/O into guest memory is vring's `GuestMemory::writev_to` and
 //! `readv_from`), the eventfds shared with the peer ([`peer_fd`]: checked on adoption, reads
 //! that cannot block, writes a watchdog interrupts when the peer makes them block), opening the inherited listening
-//! socket, and the per-thread scheduler and CPU-time readings used by busy polling and the
+//! socket, systemd's socket activation and readiness notification ([`activation`]), and the per-thread scheduler and CPU-time readings used by busy polling and the
 //! benchmarks.
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixListener;
 
+pub mod activation;
 pub mod peer_fd;
 pub mod signals;
 pub mod tap;

@@ -185,6 +185,74 @@ impl TapQueue {
     ) -> Result<io::Result<usize>, vring::Error> {
         mem.readv_with_tail(self.file.as_fd(), segs, tail)
     }
+
+    /// The largest MTU the kernel lets a TAP interface have: Linux's tun sets `max_mtu` to
+    /// 65535 less the link-layer header (14 bytes of Ethernet).
+    pub const MAX_MTU: u16 = 65535 - 14;
+
+    /// The MTU of this TAP's interface (SIOCGIFMTU).
+    ///
+    /// Interface ioctls name the interface, and names are per network namespace: this asks
+    /// through a socket made in the calling thread's namespace, which must be the one the TAP
+    /// was opened in (as for a process that never changes namespace).
+    pub fn mtu(&self) -> io::Result<u16> {
+        let mut ifr = self.interface_request()?;
+        // SAFETY: SIOCGIFMTU takes a pointer to an ifreq, and `ifr` is one.
+        unsafe {
+            ioctl_ptr(
+                self.control_socket()?.as_raw_fd(),
+                libc::SIOCGIFMTU,
+                &mut ifr,
+            )?
+        };
+        // SAFETY: SIOCGIFMTU filled the union's `ifru_mtu` member; every int is valid.
+        let mtu = unsafe { ifr.ifr_ifru.ifru_mtu };
+        u16::try_from(mtu)
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, format!("interface MTU {mtu}")))
+    }
+
+    /// Sets the MTU of this TAP's interface (SIOCSIFMTU, what `ip link set DEV mtu N` does),
+    /// which every queue of the device shares. The kernel refuses a value outside 68..=
+    /// [`TapQueue::MAX_MTU`] (EINVAL), and a caller without CAP_NET_ADMIN (EPERM). The same
+    /// namespace rule as [`TapQueue::mtu`] applies.
+    pub fn set_mtu(&self, mtu: u16) -> io::Result<()> {
+        let mut ifr = self.interface_request()?;
+        ifr.ifr_ifru.ifru_mtu = libc::c_int::from(mtu);
+        // SAFETY: SIOCSIFMTU takes a pointer to an ifreq, and `ifr` is one.
+        unsafe {
+            ioctl_ptr(
+                self.control_socket()?.as_raw_fd(),
+                libc::SIOCSIFMTU,
+                &mut ifr,
+            )
+        }
+    }
+
+    /// An ifreq naming this TAP's interface, the rest zero.
+    fn interface_request(&self) -> io::Result<libc::ifreq> {
+        // The kernel gave the name at open, so it fits; check rather than cut it.
+        if self.name.len() >= libc::IFNAMSIZ {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "bad TAP name"));
+        }
+        // SAFETY: ifreq is plain old data; all-zero is a valid value.
+        let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
+        for (d, s) in ifr.ifr_name.iter_mut().zip(self.name.bytes()) {
+            *d = s as libc::c_char;
+        }
+        Ok(ifr)
+    }
+
+    /// A socket to carry interface ioctls (any socket does; QEMU uses an AF_INET one too).
+    fn control_socket(&self) -> io::Result<std::os::fd::OwnedFd> {
+        use std::os::fd::FromRawFd;
+        // SAFETY: socket takes three ints and touches no memory of ours.
+        let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `fd` was just made by socket, so nothing else in the process owns it.
+        Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
+    }
 }
 
 impl AsRawFd for TapQueue {

@@ -34,6 +34,10 @@ pub enum Netdev {
         queues: u16,
         /// `reconnect=N` on the chardev: QEMU retries a lost backend every N seconds.
         reconnect_secs: Option<u32>,
+        /// `server=on` on the chardev: QEMU listens on `socket` and the backend connects
+        /// (`virtnet backend --client`). QEMU waits for the first connection before it boots
+        /// the guest, and for the next one after the backend goes. Not with `reconnect_secs`.
+        server: bool,
     },
     /// QEMU's own TAP backend (vhost off) on an existing TAP in network namespace `netns`
     /// (QEMU runs inside the namespace). A reference point for the vhost-user backends.
@@ -51,7 +55,11 @@ pub struct GuestConfig {
     /// More `vn_KEY=VALUE` kernel parameters, seen by the script as `$VN_KEY` (no spaces).
     pub env: Vec<(String, String)>,
     pub mac: Option<String>,
+    /// The guest interface's MTU, set by /init (`ip link set DEV mtu N`).
     pub mtu: Option<u32>,
+    /// `host_mtu=N` on the device: QEMU offers VIRTIO_NET_F_MTU with N in the config space
+    /// (Linux then gives the interface that MTU) and sends a vhost-user backend NET_SET_MTU.
+    pub host_mtu: Option<u16>,
     pub memory_mb: u32,
     pub cpus: u32,
     /// From QEMU's start until the guest reports READY.
@@ -73,6 +81,7 @@ impl GuestConfig {
                 socket: socket.to_path_buf(),
                 queues: 1,
                 reconnect_secs: None,
+                server: false,
             },
             script,
         )
@@ -97,6 +106,7 @@ impl GuestConfig {
             env: vec![("vn_peer".to_string(), "10.99.0.1".to_string())],
             mac: None,
             mtu: None,
+            host_mtu: None,
             memory_mb: 512,
             cpus: 1,
             boot_timeout: Duration::from_secs(60),
@@ -171,8 +181,16 @@ impl GuestConfig {
                 socket,
                 queues,
                 reconnect_secs,
+                server,
             } => {
                 let mut chardev = format!("socket,id=c0,path={}", socket.display());
+                assert!(
+                    !(*server && reconnect_secs.is_some()),
+                    "reconnect is for a client chardev"
+                );
+                if *server {
+                    chardev.push_str(",server=on");
+                }
                 if let Some(secs) = reconnect_secs {
                     chardev.push_str(&format!(",reconnect={secs}"));
                 }
@@ -194,6 +212,9 @@ impl GuestConfig {
         }
         if let Some(mac) = &self.mac {
             device.push_str(&format!(",mac={mac}"));
+        }
+        if let Some(mtu) = self.host_mtu {
+            device.push_str(&format!(",host_mtu={mtu}"));
         }
         cmd.args(["-device", &device]);
         cmd.args(["-display", "none", "-serial", "stdio", "-monitor", "none"]);

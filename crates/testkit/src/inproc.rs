@@ -140,7 +140,7 @@ pub fn connect_rx(b: &Backend, wanted: Features, rx_buf: u32) -> Pair {
 /// Our driver on the backend listening at `socket` (in this process or another), both queues
 /// of pair 0 running, rx buffers of `rx_buf` bytes.
 pub fn connect_socket(socket: &std::path::Path, wanted: Features, rx_buf: u32) -> Pair {
-    let mut conn = Connection::connect(
+    let conn = Connection::connect(
         socket,
         2,
         256,
@@ -150,6 +150,38 @@ pub fn connect_socket(socket: &std::path::Path, wanted: Features, rx_buf: u32) -
         Duration::from_secs(5),
     )
     .unwrap();
+    start_pair(conn, rx_buf)
+}
+
+/// A listening frontend (as QEMU's `-chardev socket,server=on` for a backend in client mode):
+/// waits up to `within` for a backend to connect to `listener`, then drives it as
+/// [`connect_socket`] does. None if no backend connected in time.
+pub fn accept_backend(
+    listener: &UnixListener,
+    wanted: Features,
+    rx_buf: u32,
+    within: Duration,
+) -> Option<Pair> {
+    listener.set_nonblocking(true).unwrap();
+    let deadline = Instant::now() + within;
+    let stream = loop {
+        match listener.accept() {
+            Ok((s, _)) => break s,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return None,
+            Err(e) => panic!("accept: {e}"),
+        }
+    };
+    stream.set_nonblocking(false).unwrap();
+    let conn =
+        Connection::from_stream(stream, 2, 256, wanted, Features::VERSION_1, 16 << 20).unwrap();
+    Some(start_pair(conn, rx_buf))
+}
+
+/// Both queues of pair 0 on `conn`, running, rx buffers of `rx_buf` bytes.
+fn start_pair(mut conn: Connection, rx_buf: u32) -> Pair {
     let mem = conn.mem.clone();
     let rx = RxQueue::new(&conn.queues[0], &mem, &mut conn.alloc, rx_buf).unwrap();
     let tx = TxQueue::new(&conn.queues[1], &mem, &mut conn.alloc, 4096).unwrap();

@@ -1,7 +1,8 @@
 //! The one piece of the vhost-user wire format written by hand (vhost-user spec, "Message
-//! Specification"): SET_STATUS and GET_STATUS, which rust-vmm `vhost` 0.18 neither sends
-//! (frontend) nor dispatches (backend), and whose header type it keeps private. A message is a
-//! header of three native-endian u32 (request code, flags, payload size) and the payload.
+//! Specification"): SET_STATUS, GET_STATUS and NET_SET_MTU, which rust-vmm `vhost` 0.18
+//! neither sends (frontend) nor dispatches (backend), and whose header type it keeps private.
+//! A message is a header of three native-endian u32 (request code, flags, payload size) and
+//! the payload.
 
 use vhost::vhost_user::message::FrontendReq;
 

@@ -20,7 +20,6 @@ use vnet::{feature, NetHdr, TxHdrError};
 use vring::{Chain, Error as RingError, Features, GuestMemory};
 
 use super::{Host, Received, Sent};
-use crate::queue::QueueRuntime;
 use crate::rx::{Delivery, Direct, RxPath};
 use crate::shared::Shared;
 use virtnet_sys::tap::TapQueue;
@@ -37,20 +36,14 @@ pub struct TapPort {
     /// Frames wait here when the guest has posted too few buffers; reads into guest buffers
     /// sized for the usual frame put what does not fit here.
     bounce: Vec<u8>,
-    mtu: u16,
-    /// The largest frame the TAP hands out with the negotiated offloads, header included:
-    /// the guest buffers posted for one read.
-    max_frame: usize,
 }
 
 impl TapPort {
-    pub fn new(tap: TapQueue, mtu: u16) -> TapPort {
+    pub fn new(tap: TapQueue) -> TapPort {
         TapPort {
             tap,
             pending: None,
             bounce: vec![0u8; MAX_RX_FRAME],
-            mtu,
-            max_frame: MAX_RX_FRAME,
         }
     }
 }
@@ -109,10 +102,6 @@ fn is_pushback(e: &std::io::Error) -> bool {
 impl Host for TapPort {
     const POLL_EVERY: u32 = 8;
 
-    fn rx_started(&mut self, rx: &QueueRuntime) {
-        self.max_frame = max_rx_frame(rx.queue.config().features(), self.mtu);
-    }
-
     fn rx_stopped(&mut self) -> bool {
         self.pending.take().is_some()
     }
@@ -166,12 +155,16 @@ impl Host for TapPort {
                 if !rx.has_buffers() {
                     return Ok(Received::default());
                 }
-                // Straight into the guest's buffers when it has posted enough.
+                // Straight into the guest's buffers when it has posted enough for the largest
+                // frame: with the MTU in effect (NET_SET_MTU may change it).
+                let features = rx.queue.as_ref().map(|q| q.queue.config().features());
+                let mtu = shared.mtu.load(Relaxed);
+                let max_frame = max_rx_frame(features.unwrap_or_default(), mtu);
                 let tap = &self.tap;
                 let read = |mem: &GuestMemory, segs: &[_], tail: &mut [u8]| {
                     tap.read_frame(mem, segs, tail)
                 };
-                match rx.receive_direct(shared, self.max_frame, &mut self.bounce, read)? {
+                match rx.receive_direct(shared, max_frame, &mut self.bounce, read)? {
                     Direct::Delivered(n) => {
                         return Ok(Received {
                             frames: 1,

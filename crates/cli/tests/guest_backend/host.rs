@@ -71,13 +71,20 @@ impl Host {
         self.tap.address.split('/').next().unwrap()
     }
 
+    /// Whether the backend is in client mode (`--client`): QEMU owns the vhost-user socket.
+    fn client_mode(&self) -> bool {
+        self.backend_args.iter().any(|a| a == "--client")
+    }
+
     /// Starts `virtnet backend` inside the namespace (so it opens the TAP there) and waits for
-    /// its sockets.
+    /// its sockets (in client mode, only its control socket: the other is QEMU's).
     pub fn start_backend(&mut self) {
         assert!(self.backend.is_none(), "one backend at a time");
         // A killed predecessor leaves its socket files: wait for the new ones.
         let _ = std::fs::remove_file(&self.ctl);
-        let _ = std::fs::remove_file(&self.socket);
+        if !self.client_mode() {
+            let _ = std::fs::remove_file(&self.socket);
+        }
         let mut argv: Vec<&str> = vec![
             BIN,
             "backend",
@@ -95,7 +102,10 @@ impl Host {
         self.backend_starts += 1;
         let mut backend = self.ns.spawn(&argv, Some(&log)).expect("virtnet backend");
         wait_for_path(&mut backend, &self.ctl, Duration::from_secs(10)).expect("backend ctl");
-        wait_for_path(&mut backend, &self.socket, Duration::from_secs(10)).expect("backend socket");
+        if !self.client_mode() {
+            wait_for_path(&mut backend, &self.socket, Duration::from_secs(10))
+                .expect("backend socket");
+        }
         self.backend = Some(backend);
     }
 
@@ -195,6 +205,15 @@ impl Host {
 
     pub fn tap_stats(&self) -> BTreeMap<String, u64> {
         self.ns.stats(&self.tap.name).expect("TAP counters")
+    }
+
+    /// The TAP interface's MTU.
+    pub fn tap_mtu(&self) -> u32 {
+        let out = self
+            .ns
+            .exec(&["cat", &format!("/sys/class/net/{}/mtu", self.tap.name)])
+            .expect("TAP MTU");
+        out.trim().parse().expect("MTU")
     }
 
     /// The TAP's ifindex: the same number before and after proves it is the same device.

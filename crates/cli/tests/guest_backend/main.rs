@@ -11,6 +11,11 @@
 //! - [`guest_survives_backend_restart`]: QEMU with `reconnect=1`; the backend process is killed
 //!   mid-traffic and restarted, and the guest's traffic resumes.
 //! - [`multi_queue_guest_uses_both_pairs`]: `--queues 2`, two vCPUs, traffic on both pairs.
+//! - [`guest_keeps_its_network_across_a_client_mode_backend_restart`]: QEMU listens
+//!   (`server=on`), the backend connects (`--client`); the backend is killed and restarted,
+//!   connects again, and the guest's network comes back.
+//! - [`jumbo_mtu_guest_pings_the_host_with_8000_byte_packets`]: `host_mtu=9000`; QEMU's
+//!   NET_SET_MTU sets the TAP's MTU, and 8000-byte pings pass whole, none lost.
 //! - [`figures_backend_vs_qemu_tap`] (ignored): TCG-bound figures, ours beside QEMU's own TAP
 //!   backend, A/B interleaved, medians (docs/PERFORMANCE.md).
 //!
@@ -209,6 +214,7 @@ vn_result iperf_guest_rx_mbps "$(mbps /tmp/down.txt)"
         socket: host.socket.clone(),
         queues: 1,
         reconnect_secs: Some(1),
+        server: false,
     };
     config.dmesg = true;
     let mut guest = host.start_guest(image, config);
@@ -291,6 +297,7 @@ sleep 1
         socket: host.socket.clone(),
         queues: 2,
         reconnect_secs: None,
+        server: false,
     };
     config.cpus = 2;
     let run = host.run_guest_retrying_boot(image, config);
@@ -322,6 +329,119 @@ sleep 1
             backend.summary()
         );
     }
+}
+
+/// Client mode, OVS-DPDK's way round: QEMU listens on the vhost-user socket (`server=on`) and
+/// `virtnet backend --client` connects to it. The backend starts first and waits for QEMU's
+/// socket; then it is killed (SIGKILL) while the guest pings, and started again: it connects
+/// to the same QEMU, which sets the device up again, and the guest's network comes back.
+#[test]
+fn guest_keeps_its_network_across_a_client_mode_backend_restart() {
+    const TEST: &str = "guest_backend_client";
+    let _serial = serial();
+    let Some(image) = prerequisites(TEST) else {
+        return;
+    };
+    let mut host = Host::with_backend("client", &["--client"]);
+    let script = r#"
+ping -c 3 -i 0.2 -W 2 "$VN_PEER" > /tmp/before.txt || true
+cat /tmp/before.txt
+vn_result ping_loss_before "$(sed -n 's/.* \([0-9]*\)% packet loss.*/\1/p' /tmp/before.txt)"
+vn_mark restart
+sleep 1
+i=0
+until ping -c 1 -W 1 "$VN_PEER" > /dev/null 2>&1; do i=$((i + 1)); [ $i -lt 30 ]; done
+vn_result resume_tries "$i"
+ping -c 5 -i 0.2 -W 2 "$VN_PEER" > /tmp/after.txt || true
+cat /tmp/after.txt
+vn_result ping_loss_after "$(sed -n 's/.* \([0-9]*\)% packet loss.*/\1/p' /tmp/after.txt)"
+"#;
+    let mut config = host.guest_config(script);
+    config.netdev = Netdev::VhostUser {
+        socket: host.socket.clone(),
+        queues: 1,
+        reconnect_secs: None,
+        server: true,
+    };
+    let mut guest = host.start_guest(image, config);
+    guest.wait_ready().unwrap_or_else(|e| panic!("{e}"));
+    guest
+        .wait_mark("restart", Duration::from_secs(60))
+        .unwrap_or_else(|e| panic!("{e}"));
+    host.kill_backend();
+    let killed = Instant::now();
+    host.start_backend();
+    host.wait_backend_log(0, "connected to the frontend", Duration::from_secs(20));
+    report(&format!(
+        "backend restarted and connected after {:.1?}",
+        killed.elapsed()
+    ));
+    let run = guest
+        .finish()
+        .unwrap_or_else(|e| panic!("{e}\nbackend:\n{}", host.backend_log()));
+    let after = host.stats();
+    report(&run.timing());
+    report(&format!("results: {:?}", run.results));
+    run.assert_script_ok();
+    assert_eq!(
+        run.result("ping_loss_before"),
+        Some("0"),
+        "before the restart"
+    );
+    assert_eq!(
+        run.result("ping_loss_after"),
+        Some("0"),
+        "after the restart"
+    );
+    assert!(after.broken().is_empty(), "broken: {:?}", after.broken());
+    assert!(
+        after.sum("rx", "packets") >= 5 && after.sum("tx", "packets") >= 5,
+        "the new backend carried the pings:\n{}",
+        after.summary()
+    );
+}
+
+/// QEMU's `host_mtu=9000`: QEMU offers VIRTIO_NET_F_MTU and, once the guest acknowledged it,
+/// sends NET_SET_MTU (with REPLY_ACK) before it starts the queues; the backend sets its TAP's
+/// interface to 9000, Linux gives the guest's interface the config space's 9000, and
+/// 8000-byte pings pass both ways, each one frame (not six fragments), none lost.
+#[test]
+fn jumbo_mtu_guest_pings_the_host_with_8000_byte_packets() {
+    const TEST: &str = "guest_backend_jumbo";
+    let _serial = serial();
+    let Some(image) = prerequisites(TEST) else {
+        return;
+    };
+    let host = Host::with_backend("jumbo", &[]);
+    assert_eq!(host.tap_mtu(), 1500, "the TAP before the guest");
+    let tap0 = host.tap_stats();
+    let script = r#"
+vn_result guest_mtu "$(cat /sys/class/net/$VN_IF/mtu)"
+ping -c 5 -i 0.2 -W 2 -s 8000 "$VN_PEER" > /tmp/ping.txt || true
+cat /tmp/ping.txt
+vn_result ping_loss "$(sed -n 's/.* \([0-9]*\)% packet loss.*/\1/p' /tmp/ping.txt)"
+"#;
+    let mut config = host.guest_config(script);
+    config.host_mtu = Some(9000);
+    let run = host.run_guest(image, config);
+    let tap = tap_delta(&host.tap_stats(), &tap0);
+    report(&run.timing());
+    report(&format!("results: {:?}; TAP moved {tap:?}", run.results));
+    run.assert_script_ok();
+    assert_eq!(run.result("guest_mtu"), Some("9000"), "the guest's MTU");
+    assert_eq!(run.result("ping_loss"), Some("0"), "8000-byte pings lost");
+    assert_eq!(host.tap_mtu(), 9000, "NET_SET_MTU did not reach the TAP");
+    assert_eq!(host.stats().device_mtu, 9000, "the backend's MTU");
+    // Five requests in, five replies out, give or take ARP: fragments would be 30 each way.
+    for key in ["rx_packets", "tx_packets"] {
+        let n = tap[key];
+        assert!((5..=10).contains(&n), "TAP {key}: {n} frames for 5 pings");
+    }
+    assert!(
+        tap["rx_bytes"] >= 5 * 8042,
+        "TAP rx_bytes {}",
+        tap["rx_bytes"]
+    );
 }
 
 /// Figures for docs/PERFORMANCE.md: the traffic script on our backend (busy polling off, then

@@ -18,6 +18,8 @@ pub struct Stats {
     pub queues: Vec<QueueStats>,
     /// The device report's SET_STATUS count for the current connection.
     pub status_sets: u64,
+    /// The device report's MTU.
+    pub device_mtu: u64,
 }
 
 impl Stats {
@@ -45,9 +47,11 @@ impl Stats {
             })
             .collect();
         let status_sets = v["device"]["status_sets"].as_u64().unwrap_or_default();
+        let device_mtu = v["device"]["mtu"].as_u64().unwrap_or_default();
         Stats {
             queues,
             status_sets,
+            device_mtu,
         }
     }
 
