@@ -606,7 +606,7 @@ fn gen_asks_for_uso_and_refuses_a_device_without_it() {
         }
         other => panic!("HOST_USO offered: {offered}; got {other:?}"),
     }
-    // And TSO, which it offers, runs; a wrong mode or size is refused before connecting.
+    // And TSO over IPv6, which it offers, runs; a wrong mode or size is refused.
     let tcp = GenConfig {
         gso: Some(GsoConfig {
             proto: Proto::Tcp,
