@@ -6,6 +6,10 @@
 //! (round trips through an echoing backend, one frame in flight per pair, with a latency
 //! histogram). Threads sleep on the call eventfds when idle, NAPI-style, unless busy polling
 //! is asked for. Rates are sampled once a second from the lock-free queue counters.
+//!
+//! With [`GsoConfig`] (`--gso tcp|udp`), txonly sends TSO or USO super-frames ([`frames`]):
+//! one frame of up to 64 KiB that the device cuts into MSS-sized segments, to measure a
+//! backend's offload path without a guest. Rates count super-frames and their bytes.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
@@ -13,16 +17,19 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use vnet::feature;
+use vnet::{feature, NetHdr};
 use vring::Features;
 
 use crate::counters::CountersSnapshot;
 use crate::ctrl::{CtrlMode, CtrlSnapshot};
 use crate::dim::{DimDispatch, DimSnapshot, RxDim, DEFAULT_PROFILE, RX_PROFILES};
+use crate::offload::TxOffloads;
 use crate::{DriverConfig, DriverError, NetDriver, TxPolicy, DEFAULT_FEATURES};
+pub mod frames;
 mod histogram;
 mod worker;
 
+use frames::{Flow, Proto};
 pub use histogram::Histogram;
 use worker::worker;
 
@@ -49,13 +56,27 @@ impl std::str::FromStr for Mode {
     }
 }
 
+/// Super-frames to send (`--gso`): which segmentation offload, and the segment size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct GsoConfig {
+    /// TCP (TSO: HOST_TSO4, or HOST_TSO6 with `ipv6`) or UDP (USO: HOST_USO).
+    pub proto: Proto,
+    /// Payload bytes per segment; None: what fills the device's MTU (1500 when it gives
+    /// none): 1448 for TCP over IPv4, with the timestamp option, as Linux sends.
+    pub mss: Option<u16>,
+    pub ipv6: bool,
+}
+
 /// A run's parameters.
 #[derive(Clone, Debug, Serialize)]
 pub struct GenConfig {
     pub socket: PathBuf,
     pub mode: Mode,
-    /// Frame size in bytes (Ethernet header included, no FCS), as DPDK's --txpkts.
+    /// Frame size in bytes (Ethernet header included, no FCS), as DPDK's --txpkts; with `gso`
+    /// the super-frame's size.
     pub size: usize,
+    /// Send TSO or USO super-frames (txonly only).
+    pub gso: Option<GsoConfig>,
     pub queues: u16,
     #[serde(serialize_with = "as_secs")]
     pub duration: Duration,
@@ -84,6 +105,7 @@ impl Default for GenConfig {
             socket: PathBuf::new(),
             mode: Mode::TxOnly,
             size: 64,
+            gso: None,
             queues: 1,
             duration: Duration::from_secs(10),
             busy_poll: false,
@@ -192,6 +214,8 @@ pub struct GenReport {
     pub config: GenConfig,
     pub features: String,
     pub pairs: u16,
+    /// `--gso`: the super-frames sent.
+    pub gso: Option<GsoSummary>,
     pub seconds: Vec<Rates>,
     pub summary: Rates,
     pub elapsed_s: f64,
@@ -205,15 +229,99 @@ pub struct GenReport {
     pub ctrl_cpu_s: f64,
 }
 
+/// What the super-frames of a `--gso` run were.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct GsoSummary {
+    pub proto: Proto,
+    pub ipv6: bool,
+    /// Payload bytes per segment (the header's gso_size).
+    pub mss: u16,
+    /// Ethernet, IP and L4 header bytes (the header's hdr_len).
+    pub hdr_len: u16,
+    /// Segments each super-frame makes.
+    pub segments: u32,
+}
+
+/// The features to ask for: the defaults (without EVENT_IDX when busy polling), and the
+/// offloads that `gso` needs.
+fn wanted_features(config: &GenConfig) -> Features {
+    // A busy-polling driver needs no notifications: without EVENT_IDX the device skips the
+    // event-index bookkeeping (as with DPDK's virtio-user, which never offers it).
+    let mut f = if config.busy_poll {
+        DEFAULT_FEATURES.difference(Features::RING_EVENT_IDX)
+    } else {
+        DEFAULT_FEATURES
+    };
+    if let Some(g) = config.gso {
+        f = f | feature::CSUM;
+        f = f | match (g.proto, g.ipv6) {
+            (Proto::Tcp, false) => feature::HOST_TSO4,
+            (Proto::Tcp, true) => feature::HOST_TSO6,
+            (Proto::Udp, _) => feature::HOST_USO,
+        };
+    }
+    f
+}
+
+/// Checks the size and mode before connecting.
+fn check_options(config: &GenConfig) -> Result<(), GenError> {
+    match config.gso {
+        None if config.size < 60 || config.size > 1514 + 4 => Err(GenError::Options(format!(
+            "--size {} is outside 60..=1518",
+            config.size
+        ))),
+        None => Ok(()),
+        Some(_) if config.mode != Mode::TxOnly => Err(GenError::Options(
+            "--gso sends super-frames in --mode txonly only".into(),
+        )),
+        // The segment count is checked once the MTU is known (`tx_frame`).
+        Some(g) => {
+            let flow = Flow::benchmark([0; 6], [0; 6], g.proto, g.ipv6);
+            if config.size > flow.max_len() {
+                return Err(GenError::Options(format!(
+                    "--size {} is larger than the {} bytes the IP length fields allow",
+                    config.size,
+                    flow.max_len()
+                )));
+            }
+            Ok(())
+        }
+    }
+}
+
+/// The frame every transmit sends and its header: a UDP frame with no offload, or with
+/// `gso` a super-frame whose segments fill `mtu` (or carry `gso.mss` payload bytes).
+fn tx_frame(
+    config: &GenConfig,
+    dst: [u8; 6],
+    src: [u8; 6],
+    offloads: TxOffloads,
+    mtu: u16,
+) -> Result<(Vec<u8>, NetHdr, Option<GsoSummary>), GenError> {
+    let Some(g) = config.gso else {
+        return Ok((
+            frames::udp4_frame(config.size, dst, src, &[]),
+            NetHdr::default(),
+            None,
+        ));
+    };
+    let flow = Flow::benchmark(dst, src, g.proto, g.ipv6);
+    let mss = g.mss.unwrap_or_else(|| flow.mss_for_mtu(mtu));
+    let (frame, hdr) = flow.gso_frame(config.size, mss, offloads, |_| 0)?;
+    let summary = GsoSummary {
+        proto: g.proto,
+        ipv6: g.ipv6,
+        mss,
+        hdr_len: hdr.hdr_len,
+        segments: (config.size - flow.hdr_len()).div_ceil(mss as usize) as u32,
+    };
+    Ok((frame, hdr, Some(summary)))
+}
+
 /// Connects, runs the traffic for `config.duration`, calling `on_second` with each
 /// one-second rate line, and returns the report.
 pub fn run(config: &GenConfig, on_second: &mut dyn FnMut(&Rates)) -> Result<GenReport, GenError> {
-    if config.size < 60 || config.size > 1514 + 4 {
-        return Err(GenError::Options(format!(
-            "--size {} is outside 60..=1518",
-            config.size
-        )));
-    }
+    check_options(config)?;
     if config.queues == 0 {
         return Err(GenError::Options("--queues must be at least 1".into()));
     }
@@ -221,13 +329,7 @@ pub fn run(config: &GenConfig, on_second: &mut dyn FnMut(&Rates)) -> Result<GenR
     let dcfg = DriverConfig {
         pairs: config.queues,
         queue_size: config.queue_size,
-        // A busy-polling driver needs no notifications: without EVENT_IDX the device skips the
-        // event-index bookkeeping (as with DPDK's virtio-user, which never offers it).
-        features: if config.busy_poll {
-            DEFAULT_FEATURES.difference(Features::RING_EVENT_IDX)
-        } else {
-            DEFAULT_FEATURES
-        },
+        features: wanted_features(config),
         ctrl: use_ctrl.then_some(config.ctrl),
         tx_buf_len: (config.size as u32 + 64).next_multiple_of(64).max(2048),
         connect_wait: config.connect_wait,
@@ -268,6 +370,8 @@ pub fn run(config: &GenConfig, on_second: &mut dyn FnMut(&Rates)) -> Result<GenR
     }
     let dst = driver.mac().unwrap_or([0x02, 0, 0, 0, 0, 0x02]);
     let src = [0x02, 0, 0, 0, 0, 0x01];
+    let offloads = TxOffloads::from_features(features);
+    let (frame, hdr, gso) = tx_frame(config, dst, src, offloads, driver.mtu().unwrap_or(1500))?;
     let stop = Arc::new(AtomicBool::new(false));
     let round_trips: Vec<Arc<crate::counters::Counter>> = pairs
         .iter()
@@ -280,10 +384,11 @@ pub fn run(config: &GenConfig, on_second: &mut dyn FnMut(&Rates)) -> Result<GenR
         .zip(&round_trips)
         .map(|(p, rt)| {
             let (stop, rt, cfg) = (stop.clone(), rt.clone(), config.clone());
+            let frame = frame.clone();
             let pair = p.pair;
             std::thread::Builder::new()
                 .name(format!("gen-pair{pair}"))
-                .spawn(move || worker(p, &cfg, dst, src, &stop, &rt))
+                .spawn(move || worker(p, &cfg, frame, hdr, &stop, &rt))
                 .map(|t| (pair, t))
                 .map_err(|e| GenError::Thread(e.to_string()))
         })
@@ -373,6 +478,7 @@ pub fn run(config: &GenConfig, on_second: &mut dyn FnMut(&Rates)) -> Result<GenR
         config: config.clone(),
         features: features.to_string(),
         pairs: driver.pairs(),
+        gso,
         seconds,
         summary,
         elapsed_s: elapsed.as_secs_f64(),
@@ -414,6 +520,21 @@ impl GenReport {
             "  tx {:>8.3} Mpps {:>7.3} Gbit/s   rx {:>8.3} Mpps {:>7.3} Gbit/s",
             s.tx_mpps, s.tx_gbps, s.rx_mpps, s.rx_gbps
         );
+        if let Some(g) = &self.gso {
+            let _ = writeln!(
+                o,
+                "  gso {}{}: {} segments of {} B per frame ({} B of headers), {:.3} M segments/s",
+                match g.proto {
+                    Proto::Tcp => "tcp",
+                    Proto::Udp => "udp",
+                },
+                if g.ipv6 { " ipv6" } else { "" },
+                g.segments,
+                g.mss,
+                g.hdr_len,
+                s.tx_mpps * g.segments as f64
+            );
+        }
         let _ = writeln!(
             o,
             "  kicks/packet {:.4}   interrupts/packet {:.4}   cpu {:.0}%",

@@ -1,15 +1,20 @@
 //! Transmit offloads in the net header (spec 5.1.6.2): checksum offload (NEEDS_CSUM with
-//! `csum_start` / `csum_offset`) when CSUM is negotiated, and TCP segmentation offload
-//! (`gso_type`, `gso_size`, `hdr_len`) when HOST_TSO4 / HOST_TSO6 are.
+//! `csum_start` / `csum_offset`) when CSUM is negotiated, and segmentation offload (`gso_type`,
+//! `gso_size`, `hdr_len`): TCP when HOST_TSO4 / HOST_TSO6 are, UDP (USO, `GSO_UDP_L4`) when
+//! HOST_USO is.
 //!
 //! As Linux does for a CHECKSUM_PARTIAL skb, the frame's checksum field is set to the
-//! pseudo-header sum, which the device completes over the bytes from `csum_start`. For a GSO
-//! frame the pseudo-header sum leaves out the length, which differs per segment.
+//! pseudo-header sum, which the device completes over the bytes from `csum_start`. The sum
+//! includes the L4 length of the whole frame, for a GSO frame too: Linux's segmentation
+//! (`tcp_gso_segment`, `__udp_gso_segment`) takes that length out of the field and puts each
+//! segment's in (DPDK's virtio PMD adds it back for this reason, `virtio_tso_fix_cksum`).
+//! A hardware NIC's TSO convention, the sum without the length, gives segments with bad
+//! checksums behind a TAP (the driver's `gso_tap` test shows both).
 
 use vnet::feature;
 use vring::Features;
 
-use vnet::{NetHdr, HDR_F_NEEDS_CSUM, HDR_GSO_NONE, HDR_GSO_TCPV4, HDR_GSO_TCPV6};
+use vnet::{NetHdr, HDR_F_NEEDS_CSUM, HDR_GSO_NONE, HDR_GSO_TCPV4, HDR_GSO_TCPV6, HDR_GSO_UDP_L4};
 
 const ETH_HLEN: usize = 14;
 const ETHERTYPE_VLAN: u16 = 0x8100;
@@ -24,6 +29,8 @@ pub struct TxOffloads {
     pub csum: bool,
     pub tso4: bool,
     pub tso6: bool,
+    /// UDP segmentation offload, IPv4 and IPv6 (HOST_USO).
+    pub uso: bool,
 }
 
 impl TxOffloads {
@@ -34,6 +41,8 @@ impl TxOffloads {
             // TSO needs checksum offload (spec 5.1.3.1).
             tso4: csum && f.contains(feature::HOST_TSO4),
             tso6: csum && f.contains(feature::HOST_TSO6),
+            // So does USO (spec 5.1.3.1: HOST_USO requires CSUM).
+            uso: csum && f.contains(feature::HOST_USO),
         }
     }
 }
@@ -90,7 +99,7 @@ fn parse(frame: &[u8]) -> Option<L4Frame> {
 }
 
 /// One's-complement sum of `b` (big-endian 16-bit words) added to `sum`.
-fn sum16(mut sum: u32, b: &[u8]) -> u32 {
+pub(crate) fn sum16(mut sum: u32, b: &[u8]) -> u32 {
     let mut chunks = b.chunks_exact(2);
     for c in &mut chunks {
         sum += u16::from_be_bytes([c[0], c[1]]) as u32;
@@ -101,14 +110,14 @@ fn sum16(mut sum: u32, b: &[u8]) -> u32 {
     sum
 }
 
-fn fold(mut sum: u32) -> u16 {
+pub(crate) fn fold(mut sum: u32) -> u16 {
     while sum >> 16 != 0 {
         sum = (sum & 0xffff) + (sum >> 16);
     }
     sum as u16
 }
 
-/// The pseudo-header sum (not complemented), with `len` the L4 length (0 for GSO).
+/// The pseudo-header sum (not complemented), with `len` the L4 length.
 fn pseudo_header_sum(frame: &[u8], f: &L4Frame, len: u32) -> u16 {
     let mut sum = if f.ipv6 {
         sum16(0, &frame[f.l3 + 8..f.l3 + 40])
@@ -121,9 +130,26 @@ fn pseudo_header_sum(frame: &[u8], f: &L4Frame, len: u32) -> u16 {
     fold(sum)
 }
 
+/// The L4 length the IP header gives (a short frame may carry Ethernet padding after it),
+/// or what the frame holds past `l4` when the IP header gives more than that.
+fn l4_len(frame: &[u8], f: &L4Frame) -> usize {
+    let held = frame.len() - f.l4;
+    let given = if f.ipv6 {
+        be16(frame, f.l3 + 4).map(|n| n as usize)
+    } else {
+        be16(frame, f.l3 + 2).and_then(|n| (n as usize).checked_sub(f.l4 - f.l3))
+    };
+    match given {
+        Some(n) if n >= f.l4_hdr_len && n <= held => n,
+        _ => held,
+    }
+}
+
 /// Builds the header for `frame` with the offloads that are negotiated, preparing the frame's
-/// checksum field to match. `mss`: segment TCP frames whose payload exceeds it (GSO), when
-/// TSO is negotiated for the frame's IP version. Frames that are neither TCP nor UDP over
+/// checksum field to match. `mss`: segment frames whose L4 payload exceeds it into segments
+/// of `mss` payload bytes (GSO): TCP frames when TSO is negotiated for the frame's IP version,
+/// UDP frames when USO is (a UDP frame is segmented only when `mss` asks for it, as Linux
+/// does only for a socket with UDP_SEGMENT). Frames that are neither TCP nor UDP over
 /// IPv4/IPv6, or without CSUM, get an empty header: the caller must have checksummed them.
 pub fn prepare(frame: &mut [u8], offloads: TxOffloads, mss: Option<u16>) -> NetHdr {
     let mut hdr = NetHdr::default();
@@ -134,25 +160,18 @@ pub fn prepare(frame: &mut [u8], offloads: TxOffloads, mss: Option<u16>) -> NetH
         return hdr;
     };
     let csum_offset = if f.proto == PROTO_TCP { 16 } else { 6 };
-    let payload = frame.len() - f.l4 - f.l4_hdr_len;
+    let l4_len = l4_len(frame, &f);
+    let payload = l4_len - f.l4_hdr_len;
     let gso = match mss {
-        Some(mss) if f.proto == PROTO_TCP && mss > 0 && payload > mss as usize => {
-            if f.ipv6 && offloads.tso6 {
-                Some((HDR_GSO_TCPV6, mss))
-            } else if !f.ipv6 && offloads.tso4 {
-                Some((HDR_GSO_TCPV4, mss))
-            } else {
-                None
-            }
-        }
+        Some(mss) if mss > 0 && payload > mss as usize => match (f.proto, f.ipv6) {
+            (PROTO_TCP, true) if offloads.tso6 => Some((HDR_GSO_TCPV6, mss)),
+            (PROTO_TCP, false) if offloads.tso4 => Some((HDR_GSO_TCPV4, mss)),
+            (PROTO_UDP, _) if offloads.uso => Some((HDR_GSO_UDP_L4, mss)),
+            _ => None,
+        },
         _ => None,
     };
-    let l4_len = if gso.is_some() {
-        0
-    } else {
-        (frame.len() - f.l4) as u32
-    };
-    let pseudo = pseudo_header_sum(frame, &f, l4_len);
+    let pseudo = pseudo_header_sum(frame, &f, l4_len as u32);
     frame[f.l4 + csum_offset..f.l4 + csum_offset + 2].copy_from_slice(&pseudo.to_be_bytes());
     hdr.flags = HDR_F_NEEDS_CSUM;
     hdr.csum_start = f.l4 as u16;
@@ -182,35 +201,10 @@ pub fn complete_checksum(frame: &mut [u8], hdr: &NetHdr) {
     frame[at..at + 2].copy_from_slice(&sum.to_be_bytes());
 }
 
-/// A checksummed IPv4/UDP frame of `len` bytes (at least 42) from `src` to `dst`, with
-/// `payload` at the start of the UDP payload: what `virtnet gen` sends, as DPDK's txonly does.
-pub fn udp4_frame(len: usize, dst: [u8; 6], src: [u8; 6], payload: &[u8]) -> Vec<u8> {
-    let len = len.max(42);
-    let mut f = vec![0u8; len];
-    f[..6].copy_from_slice(&dst);
-    f[6..12].copy_from_slice(&src);
-    f[12..14].copy_from_slice(&ETHERTYPE_IPV4.to_be_bytes());
-    let ip = &mut f[14..34];
-    ip[0] = 0x45;
-    ip[2..4].copy_from_slice(&((len - 14) as u16).to_be_bytes());
-    ip[8] = 64;
-    ip[9] = PROTO_UDP;
-    ip[12..16].copy_from_slice(&[198, 18, 0, 1]);
-    ip[16..20].copy_from_slice(&[198, 18, 0, 2]);
-    let c = !fold(sum16(0, &f[14..34]));
-    f[24..26].copy_from_slice(&c.to_be_bytes());
-    f[34..36].copy_from_slice(&9u16.to_be_bytes());
-    f[36..38].copy_from_slice(&9u16.to_be_bytes());
-    f[38..40].copy_from_slice(&((len - 34) as u16).to_be_bytes());
-    let n = payload.len().min(len - 42);
-    f[42..42 + n].copy_from_slice(&payload[..n]);
-    // UDP over IPv4 may leave the checksum zero ("none"); gen rewrites payload bytes per frame.
-    f
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::gen::frames::udp4_frame;
 
     fn tcp4_frame(payload: usize) -> Vec<u8> {
         let len = 14 + 20 + 20 + payload;
@@ -299,10 +293,63 @@ mod tests {
     }
 
     #[test]
-    fn udp4_frame_has_a_valid_ip_header() {
-        let f = udp4_frame(64, [2; 6], [4; 6], &[1, 2, 3]);
-        assert_eq!(f.len(), 64);
-        assert_eq!(fold(sum16(0, &f[14..34])), 0xffff, "IP header checksum");
-        assert_eq!(&f[42..45], &[1, 2, 3]);
+    fn uso_only_when_negotiated_and_asked_for() {
+        let uso = TxOffloads::from_features(feature::CSUM | feature::HOST_USO);
+        assert!(uso.uso);
+        assert!(
+            !TxOffloads::from_features(feature::HOST_USO).uso,
+            "USO needs CSUM"
+        );
+        let mut u = udp4_frame(3000, [2; 6], [4; 6], &[]);
+        let h = prepare(&mut u, uso, Some(1000));
+        assert_eq!(
+            (
+                h.gso_type,
+                h.gso_size,
+                h.hdr_len,
+                h.csum_start,
+                h.csum_offset
+            ),
+            (HDR_GSO_UDP_L4, 1000, 42, 34, 6)
+        );
+        // Without a segment size a UDP frame is only checksummed, whatever its length.
+        let mut u = udp4_frame(3000, [2; 6], [4; 6], &[]);
+        assert_eq!(prepare(&mut u, uso, None).gso_type, HDR_GSO_NONE);
+        let csum_only = TxOffloads::from_features(feature::CSUM | feature::HOST_TSO4);
+        let mut u = udp4_frame(3000, [2; 6], [4; 6], &[]);
+        let h = prepare(&mut u, csum_only, Some(1000));
+        assert_eq!((h.gso_type, h.flags), (HDR_GSO_NONE, HDR_F_NEEDS_CSUM));
+    }
+
+    #[test]
+    fn a_gso_frame_sums_its_whole_length_into_the_pseudo_header() {
+        let off = TxOffloads::from_features(feature::CSUM | feature::HOST_TSO4);
+        let mut f = tcp4_frame(3000);
+        let want = reference_tcp4_checksum(&f);
+        let h = prepare(&mut f, off, Some(1448));
+        assert_eq!(h.gso_type, HDR_GSO_TCPV4);
+        let l4_len = (f.len() - 34) as u32;
+        let mut sum = sum16(0, &f[26..34]) + PROTO_TCP as u32;
+        sum += l4_len;
+        assert_eq!(u16::from_be_bytes([f[50], f[51]]), fold(sum));
+        complete_checksum(&mut f, &h);
+        assert_eq!(u16::from_be_bytes([f[50], f[51]]), want);
+    }
+
+    #[test]
+    fn ethernet_padding_is_not_counted_in_the_pseudo_header() {
+        let off = TxOffloads::from_features(feature::CSUM);
+        // 2 payload bytes: a 44-byte frame padded to the 60-byte minimum.
+        let mut f = udp4_frame(44, [2; 6], [4; 6], &[7, 9]);
+        let mut padded = f.clone();
+        padded.resize(60, 0);
+        let h = prepare(&mut f, off, None);
+        let hp = prepare(&mut padded, off, None);
+        assert_eq!(h, hp);
+        assert_eq!(f[34..44], padded[34..44], "same pseudo-header sum");
+        complete_checksum(&mut padded, &hp);
+        let mut sum = sum16(0, &padded[26..34]) + PROTO_UDP as u32 + 10;
+        sum = sum16(sum, &padded[34..44]);
+        assert_eq!(fold(sum), 0xffff, "a valid checksum over the 10 UDP bytes");
     }
 }

@@ -354,7 +354,8 @@ fn checksum_and_tso_flags_travel_in_the_header() {
         TxOffloads {
             csum: true,
             tso4: true,
-            tso6: false
+            tso6: false,
+            uso: false,
         }
     );
     let tcp = |payload: usize| {

@@ -6,7 +6,6 @@ use std::time::{Duration, Instant};
 use vnet::NetHdr;
 
 use super::{GenConfig, Histogram, Mode};
-use crate::offload::udp4_frame;
 use crate::{Count, DriverError, Frames, PollMode, QueuePair};
 
 /// What a pair's thread hands back.
@@ -26,12 +25,12 @@ const RX_BUDGET: usize = 64;
 /// How long a sleeping thread waits before re-checking the stop flag.
 const IDLE_WAIT_MS: i32 = 10;
 
-/// One pair's thread.
+/// One pair's thread, sending `frame` behind `hdr` (tx modes).
 pub(super) fn worker(
     mut p: QueuePair,
     cfg: &GenConfig,
-    dst: [u8; 6],
-    src: [u8; 6],
+    frame: Vec<u8>,
+    hdr: NetHdr,
     stop: &AtomicBool,
     round_trips: &crate::counters::Counter,
 ) -> Result<WorkerResult, DriverError> {
@@ -43,11 +42,10 @@ pub(super) fn worker(
         PollMode::Napi
     };
     let rx_poll = move |rx: &mut crate::RxQueue, budget: usize| rx.poll(budget, mode, Count);
-    let frame = udp4_frame(cfg.size, dst, src, &[]);
     match cfg.mode {
         Mode::TxOnly => {
             while !stop.load(Relaxed) {
-                transmit_burst(&mut p, &frame, cfg.burst)?;
+                transmit_burst(&mut p, &frame, hdr, cfg.burst)?;
                 if p.tx.is_stopped() {
                     wait_tx(&mut p, cfg.busy_poll)?;
                 }
@@ -64,7 +62,7 @@ pub(super) fn worker(
         Mode::Io => {
             use std::os::fd::AsRawFd;
             while !stop.load(Relaxed) {
-                let sent = transmit_burst(&mut p, &frame, cfg.burst)?;
+                let sent = transmit_burst(&mut p, &frame, hdr, cfg.burst)?;
                 let got = rx_poll(&mut p.rx, RX_BUDGET)?;
                 if sent == 0 && got < RX_BUDGET && !cfg.busy_poll {
                     let fds = [p.rx.call_fd().as_raw_fd(), p.tx.call_fd().as_raw_fd()];
@@ -85,7 +83,7 @@ pub(super) fn worker(
             while !stop.load(Relaxed) {
                 seq += 1;
                 frame[42..50].copy_from_slice(&seq.to_le_bytes());
-                while !p.tx.send(&frame, NetHdr::default())? {
+                while !p.tx.send(&frame, hdr)? {
                     wait_tx(&mut p, cfg.busy_poll)?;
                 }
                 let sent_at = Instant::now();
@@ -139,11 +137,16 @@ pub(super) fn worker(
     })
 }
 
-/// Sends up to `burst` copies of `frame`; returns how many went.
-fn transmit_burst(p: &mut QueuePair, frame: &[u8], burst: usize) -> Result<usize, DriverError> {
+/// Sends up to `burst` copies of `frame` behind `hdr`; returns how many went.
+fn transmit_burst(
+    p: &mut QueuePair,
+    frame: &[u8],
+    hdr: NetHdr,
+    burst: usize,
+) -> Result<usize, DriverError> {
     let mut n = 0;
     // The frame never changes: tag it, so buffers that already hold it are not rewritten.
-    while n < burst && p.tx.send_tagged(frame, NetHdr::default(), 1)? {
+    while n < burst && p.tx.send_tagged(frame, hdr, 1)? {
         n += 1;
     }
     p.tx.flush();

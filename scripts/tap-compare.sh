@@ -1,0 +1,409 @@
+#!/usr/bin/env bash
+# Compares the host path on a TAP (issue 14's benchmark), both devices serving DPDK's
+# virtio-user PMD (testpmd) as the guest, A/B/A/B in one run:
+#   A = virtnet backend --tap      B = DPDK testpmd net_vhost0 + net_tap0, io forwarding
+# for 64 B and 1500 B frames, both directions:
+#   guest -> host: the guest's testpmd in txonly; counted at the TAP (rx_packets: frames the
+#                  device wrote into it) and at the guest (testpmd's Tx-pps);
+#   host -> guest: trafgen in the namespace sends UDP frames to the guest's MAC through the
+#                  TAP; counted at the TAP (tx_packets: frames the device read) and at the
+#                  guest (testpmd's Rx-pps, rxonly).
+# The TAP is in a network namespace of the script's own (IPv6 off, so nothing else talks on
+# it); each figure is the median of the per-second rates of a run, and the table gives the
+# median over runs with every run, and the ratios of the medians, of the best and of the
+# worst runs.
+#
+#   --ceiling  also the one-syscall-per-frame ceiling, counted the same way: a C loop
+#              (scripts/tap-ceiling.c, built with cc) doing one writev per frame into the
+#              TAP, one read per frame out of it while trafgen sends, and one writev per
+#              65,000-byte TSO or USO super-frame (Gbit/s at the TAP's rx_bytes);
+#   --offload  also `virtnet gen --gso tcp|udp --size 65000` into our backend on the TAP,
+#              Gbit/s at the TAP (the udp row says n/a while the backend does not offer
+#              HOST_USO, and runs once it does);
+#   --no-compare  only the parts asked for with --ceiling / --offload.
+#
+# CPUs: the device on DEV_CPU (0), the guest (and virtnet gen) on GUEST_CPU (1), trafgen on
+# the CPU the device does not use, GEN_CPU (GUEST_CPU), where it shares the CPU with the
+# guest's busy-polling lcore: the script prints what trafgen offered at the TAP, so that a
+# generator-bound host -> guest figure shows as one. VIRTNET_BIN picks the binary
+# (default target/release/virtnet, built when missing); KEEP_LOGS=1 keeps the logs in
+# /tmp/vnt-tap-logs.
+#
+# Usage: scripts/tap-compare.sh [--rounds N] [--seconds S] [--busy-poll-us US]
+#                               [--ceiling] [--offload] [--no-compare]
+# Needs root; installs dpdk-dev and netsniff-ng (trafgen) when missing. Prints Markdown.
+set -euo pipefail
+
+rounds=2
+seconds=8
+busy_poll_us=1000
+compare=1
+ceiling=0
+offload=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --rounds) rounds=$2; shift 2 ;;
+    --seconds) seconds=$2; shift 2 ;;
+    --busy-poll-us) busy_poll_us=$2; shift 2 ;;
+    --ceiling) ceiling=1; shift ;;
+    --offload) offload=1; shift ;;
+    --no-compare) compare=0; shift ;;
+    *) echo "unknown option $1" >&2; exit 2 ;;
+  esac
+done
+[ "$(id -u)" = 0 ] || { echo "needs root (network namespaces, TAP devices)" >&2; exit 1; }
+
+dev_cpu=${DEV_CPU:-0}
+guest_cpu=${GUEST_CPU:-1}
+gen_cpu=${GEN_CPU:-$guest_cpu}
+guest_mac=52:54:00:12:34:56
+our_tap=vntc0
+dpdk_tap=vntd0
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+virtnet=${VIRTNET_BIN:-$root/target/release/virtnet}
+[ -x "$virtnet" ] || (cd "$root" && cargo build --release -p virtnet-cli >&2)
+missing=()
+command -v dpdk-testpmd >/dev/null || missing+=(dpdk-dev)
+command -v trafgen >/dev/null || missing+=(netsniff-ng)
+if [ "$ceiling" = 1 ]; then command -v cc >/dev/null || missing+=(gcc); fi
+if [ ${#missing[@]} -gt 0 ]; then
+  apt-get update >&2 && apt-get install -y --no-install-recommends "${missing[@]}" >&2
+fi
+
+work=$(mktemp -d /tmp/vnt-tap-XXXX)
+ns=vnt-tapcmp-$$
+pids=()
+groups=()
+stop_pid() { # pid signal: signal, then KILL if it has not exited within 3 s
+  kill "-$2" "$1" 2>/dev/null || return 0
+  for _ in $(seq 30); do kill -0 "$1" 2>/dev/null || break; sleep 0.1; done
+  kill -KILL "$1" 2>/dev/null || true
+  wait "$1" 2>/dev/null || true
+}
+# trafgen runs in a process group of its own: it forks one sender per CPU, and a sender
+# outlives a parent that is killed, so the whole group is signalled.
+stop_group() { # pgid
+  kill -INT -- "-$1" 2>/dev/null || return 0
+  for _ in $(seq 50); do kill -0 -- "-$1" 2>/dev/null || break; sleep 0.1; done
+  kill -KILL -- "-$1" 2>/dev/null || true
+  wait "$1" 2>/dev/null || true
+}
+cleanup() {
+  for p in "${pids[@]:-}"; do [ -n "$p" ] && stop_pid "$p" TERM; done
+  for g in "${groups[@]:-}"; do [ -n "$g" ] && stop_group "$g"; done
+  if [ -n "${KEEP_LOGS:-}" ]; then rm -rf /tmp/vnt-tap-logs; cp -r "$work" /tmp/vnt-tap-logs; fi
+  ip netns del "$ns" 2>/dev/null || true
+  rm -rf "$work" /var/run/dpdk/vnt-t*
+}
+trap cleanup EXIT
+
+# For short commands only: a background process must be started with `ip netns exec` itself,
+# so that $! is its pid (ip execs the program) and not a subshell's.
+in_ns() { ip netns exec "$ns" "$@"; }
+
+ip netns add "$ns"
+in_ns ip link set lo up
+in_ns sysctl -qw net.ipv6.conf.all.disable_ipv6=1 net.ipv6.conf.default.disable_ipv6=1
+# Our TAP is persistent, created as `virtnet backend` opens it; DPDK's net_tap creates its own
+# (testpmd runs inside the namespace, so the TAP is born there).
+in_ns ip tuntap add dev "$our_tap" mode tap multi_queue vnet_hdr
+in_ns ip link set "$our_tap" up
+
+helper=$work/tap-ceiling
+if [ "$ceiling" = 1 ]; then
+  cc -O2 -Wall -o "$helper" "$root/scripts/tap-ceiling.c"
+fi
+
+# A trafgen config sending one SIZE-byte IPv4/UDP frame to the guest's MAC from GEN_CPU only
+# (trafgen starts one process per CPU from 0 and pins each to its CPU; the others idle).
+trafgen_cfg() { # size -> path
+  local f=$work/trafgen-$1.cfg mac
+  mac=$(echo "$guest_mac" | sed 's/\([0-9a-f][0-9a-f]\)/0x\1/g; s/:/, /g')
+  cat >"$f" <<EOF
+cpu($gen_cpu): {
+  $mac, 0x02, 0x00, 0x00, 0x00, 0x00, 0x01, c16(0x0800),
+  0x45, 0x00, c16($(($1 - 14))), c16(1), 0x40, 0x00, 64, 17, csumip(14, 33),
+  198, 18, 0, 2, 198, 18, 0, 1,
+  c16(9), c16(9), c16($(($1 - 34))), c16(0),
+  fill(0x00, $(($1 - 42)))
+}
+EOF
+  echo "$f"
+}
+start_trafgen() { # dev size; the group goes to $groups
+  local cfg
+  cfg=$(trafgen_cfg "$2")
+  rm -f "$work/trafgen.pgid"
+  # The session leader writes its own id, which names the group (setsid may have forked).
+  # shellcheck disable=SC2016 # expanded by that shell, not this one
+  setsid sh -c 'echo $$ >"$1"; shift; exec "$@"' sh "$work/trafgen.pgid" \
+    ip netns exec "$ns" trafgen --dev "$1" --conf "$cfg" --cpus $((gen_cpu + 1)) \
+    --no-sock-mem --no-cpu-stats >"$work/trafgen.log" 2>&1 &
+  wait_for "trafgen" test -s "$work/trafgen.pgid"
+  groups+=("$(cat "$work/trafgen.pgid")")
+}
+stop_trafgen() {
+  for g in "${groups[@]:-}"; do [ -n "$g" ] && stop_group "$g"; done
+  groups=()
+}
+
+# The TAP's counters, summed: "tx_packets tx_dropped" gives what was offered to its reader.
+tap_counter() { # dev "counter..."
+  local c path=""
+  for c in $2; do path="$path /sys/class/net/$1/statistics/$c"; done
+  # shellcheck disable=SC2086 # the paths are split on purpose
+  in_ns cat $path 2>/dev/null | awk '{s += $1} END {print s + 0}'
+}
+# One line per second for `seconds` seconds: the per-second rate of each counter set given,
+# one column each.
+sample_tap() { # dev out "counter..."...
+  local dev=$1 out=$2 t0 t1 prev=() cur=() line i
+  shift 2
+  for c in "$@"; do prev+=("$(tap_counter "$dev" "$c")"); done
+  t0=$(date +%s.%N)
+  : >"$out"
+  for _ in $(seq "$seconds"); do
+    sleep 1
+    cur=()
+    for c in "$@"; do cur+=("$(tap_counter "$dev" "$c")"); done
+    t1=$(date +%s.%N)
+    line=
+    for i in "${!cur[@]}"; do
+      line="$line $(awk -v a="${prev[$i]}" -v b="${cur[$i]}" -v s="$t0" -v e="$t1" \
+        'BEGIN {printf "%.0f", (b - a) / (e - s)}')"
+    done
+    echo "$line" >>"$out"
+    prev=("${cur[@]}"); t0=$t1
+  done
+}
+median_of() { sort -n | awk '{a[NR]=$1} END {if (NR==0) print 0; else print a[int((NR+1)/2)]}'; }
+# The median per-second rate in column COL (from 1), scaled: 1e6 for Mpps, 1.25e8 for Gbit/s
+# out of bytes.
+scaled_median() { # file scale [col]
+  awk -v c="${3:-1}" '{print $c}' "$1" | median_of | awk -v s="$2" '{printf "%.3f", $1 / s}'
+}
+# testpmd's per-second rates for the sampled window: its last `seconds` values of FIELD.
+guest_rate() { # log field
+  grep -o "$2: *[0-9]*" "$1" | awk '{print $2}' | tail -n "$seconds" | median_of |
+    awk '{printf "%.3f", $1 / 1e6}'
+}
+wait_for() { # what test...
+  local what=$1; shift
+  for _ in $(seq 100); do "$@" && return 0; sleep 0.1; done
+  echo "timed out waiting for $what" >&2
+  return 1
+}
+
+device_virtnet() { # sock
+  ip netns exec "$ns" taskset -c "$dev_cpu" "$virtnet" backend --tap "$our_tap" --socket-path "$1" \
+    --busy-poll-us "$busy_poll_us" --worker-cpu "$dev_cpu" --mac "$guest_mac" >"$work/dev.log" 2>&1 &
+  pids+=($!)
+}
+# testpmd's main lcore must not share a CPU with its forwarding lcore while the vhost-user
+# handshake runs (scripts/dpdk-compare.sh): each side's main lcore sits on the other CPU.
+device_dpdk() { # sock
+  ip netns exec "$ns" dpdk-testpmd --lcores "0@$guest_cpu,1@$dev_cpu" --no-huge -m 1024 --no-pci \
+    --file-prefix vnt-tdev --vdev "net_vhost0,iface=$1,queues=1" \
+    --vdev "net_tap0,iface=$dpdk_tap" -- --forward-mode=io --stats-period 1 \
+    >"$work/dev.log" 2>&1 &
+  pids+=($!)
+}
+guest_testpmd() { # mode size sock
+  dpdk-testpmd --lcores "0@$dev_cpu,1@$guest_cpu" --no-huge -m 1024 --no-pci \
+    --file-prefix vnt-tdrv --vdev "net_virtio_user0,path=$3,queues=1,mac=$guest_mac" -- \
+    --forward-mode="$1" --txpkts="$2" --stats-period 1 >"$work/drv.log" 2>&1 &
+  pids+=($!)
+}
+stop_last() { # signal
+  stop_pid "${pids[-1]}" "$1"
+  unset 'pids[-1]'
+}
+
+# One run of a device with the guest; writes "Mpps-at-TAP Mpps-at-guest Mpps-offered" to
+# $work/result, the last what trafgen offered the TAP's reader (tx_packets + tx_dropped; for
+# host -> guest only).
+# (Not called in $(...): the processes it starts must stay in this shell's list.)
+run_pair() { # which dir size
+  local which=$1 dir=$2 size=$3 sock=$work/s.sock tap=$our_tap
+  rm -f "$sock"
+  if [ "$which" = dpdk ]; then tap=$dpdk_tap; fi
+  "device_$which" "$sock"
+  local dev=${pids[-1]}
+  wait_for "the device's socket" test -S "$sock"
+  # testpmd creates the socket before its ports are started: give it time to finish.
+  if [ "$which" = dpdk ]; then sleep 2; fi
+  wait_for "the TAP $tap" in_ns test -e "/sys/class/net/$tap"
+  in_ns ip link set "$tap" up
+  local gmode=txonly counter=rx_packets field=Tx-pps
+  if [ "$dir" = rx ]; then gmode=rxonly counter=tx_packets field=Rx-pps; fi
+  guest_testpmd "$gmode" "$size" "$sock"
+  local guest=${pids[-1]}
+  wait_for "the guest's first stats" grep -q "$field" "$work/drv.log"
+  if [ "$dir" = rx ]; then start_trafgen "$tap" "$size"; fi
+  sleep 1
+  sample_tap "$tap" "$work/tap.rates" "$counter" "tx_packets tx_dropped"
+  cp "$work/drv.log" "$work/drv-$which-$dir-$size-$(date +%s%N).log"
+  # The guest stops first, then the generator, then the device: testpmd and trafgen catch
+  # INT, virtnet backend wants TERM.
+  stop_pid "$guest" INT
+  stop_trafgen
+  if [ "$which" = virtnet ]; then stop_pid "$dev" TERM; else stop_pid "$dev" INT; fi
+  pids=()
+  rm -rf /var/run/dpdk/vnt-t*
+  echo "$(scaled_median "$work/tap.rates" 1e6) $(guest_rate "$work/drv.log" "$field")" \
+    "$(scaled_median "$work/tap.rates" 1e6 2)" >"$work/result"
+}
+
+# The ceiling loop on DEV_CPU (with trafgen for `read`); writes the median rate at the TAP
+# (Mpps, or Gbit/s for super-frames) to $work/result.
+run_ceiling() { # mode size
+  local mode=$1 size=$2 counter=rx_packets scale=1e6
+  case "$mode" in
+    read) counter=tx_packets ;;
+    tso | uso) counter=rx_bytes scale=1.25e8 ;;
+  esac
+  if [ "$mode" = read ]; then
+    ip netns exec "$ns" taskset -c "$dev_cpu" "$helper" read "$our_tap" $((seconds + 3)) >"$work/helper.log" 2>&1 &
+    pids+=($!)
+    sleep 0.5
+    start_trafgen "$our_tap" "$size"
+  else
+    ip netns exec "$ns" taskset -c "$dev_cpu" "$helper" "$mode" "$our_tap" "$size" $((seconds + 2)) \
+      >"$work/helper.log" 2>&1 &
+    pids+=($!)
+  fi
+  sleep 1
+  sample_tap "$our_tap" "$work/tap.rates" "$counter"
+  stop_trafgen
+  for p in "${pids[@]}"; do stop_pid "$p" INT; done
+  pids=()
+  scaled_median "$work/tap.rates" "$scale" >"$work/result"
+}
+
+# `virtnet gen --gso PROTO --size 65000` into our backend on the TAP; writes "Gbit/s-at-TAP
+# Gbit/s-by-gen", or "n/a" when the device does not offer the offload, to $work/result.
+run_offload() { # proto
+  local sock=$work/s.sock
+  rm -f "$sock"
+  device_virtnet "$sock"
+  local dev=${pids[-1]}
+  wait_for "the device's socket" test -S "$sock"
+  taskset -c "$guest_cpu" "$virtnet" gen --socket "$sock" --gso "$1" --size 65000 \
+    --duration $((seconds + 2)) >"$work/gen.log" 2>&1 &
+  pids+=($!)
+  local gen=${pids[-1]}
+  sleep 1
+  if ! kill -0 "$gen" 2>/dev/null; then
+    wait "$gen" 2>/dev/null || true
+    if grep -q "lacks HOST_USO" "$work/gen.log"; then
+      echo "n/a (HOST_USO not offered)" >"$work/result"
+    else
+      echo "n/a (gen failed: $(tail -n 1 "$work/gen.log"))" >"$work/result"
+    fi
+  else
+    sample_tap "$our_tap" "$work/tap.rates" rx_bytes
+    wait "$gen" 2>/dev/null || true
+    local by_gen
+    by_gen=$(awk '/^  tx / {print $4}' "$work/gen.log")
+    echo "$(scaled_median "$work/tap.rates" 1.25e8) ${by_gen:-n/a}" >"$work/result"
+  fi
+  cp "$work/gen.log" "$work/gen-$1-$(date +%s%N).log"
+  stop_pid "$dev" TERM
+  pids=()
+}
+
+pick() { # median|max|min values...
+  local how=$1; shift
+  printf '%s\n' "$@" | sort -n | awk -v how="$how" '{v[NR]=$1}
+    END {print (how == "max") ? v[NR] : (how == "min") ? v[1] : v[int((NR+1)/2)]}'
+}
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN {if (b > 0) printf "%.2f", a / b; else print "n/a"}'; }
+
+cpu=$(awk -F': ' '/^model name/ {print $2; exit}' /proc/cpuinfo)
+echo "CPU: $cpu ($(nproc) CPUs), Linux $(uname -r). Device on CPU $dev_cpu, guest on CPU $guest_cpu, trafgen on CPU $gen_cpu; $rounds round(s) of $seconds s; $(date -u +%Y-%m-%dT%H:%MZ)."
+echo
+
+# Medians of our backend at the TAP, kept for the ceiling's ratios.
+declare -A ours
+offered=()
+if [ "$compare" = 1 ]; then
+  echo "| frames | direction | counted at | virtnet backend --tap Mpps: median (each run) | DPDK net_vhost + net_tap Mpps: median (each run) | ratio of medians | of bests | of worsts |"
+  echo "|---|---|---|---|---|---|---|---|"
+  for size in 64 1500; do
+    for dir in tx rx; do
+      at=(); ag=(); ao=(); bt=(); bg=(); bo=()
+      for _ in $(seq "$rounds"); do
+        run_pair virtnet "$dir" "$size"; read -r t g o <"$work/result"; at+=("$t"); ag+=("$g"); ao+=("$o")
+        run_pair dpdk "$dir" "$size"; read -r t g o <"$work/result"; bt+=("$t"); bg+=("$g"); bo+=("$o")
+      done
+      if [ "$dir" = rx ]; then
+        offered+=("$size B: $(pick median "${ao[@]}") with virtnet, $(pick median "${bo[@]}") with DPDK")
+      fi
+      label="guest → host"
+      [ "$dir" = rx ] && label="host → guest"
+      for where in TAP guest; do
+        if [ "$where" = TAP ]; then a=("${at[@]}"); b=("${bt[@]}"); else a=("${ag[@]}"); b=("${bg[@]}"); fi
+        ma=$(pick median "${a[@]}"); mb=$(pick median "${b[@]}")
+        [ "$where" = TAP ] && ours[$dir-$size]=$ma
+        echo "| $size B | $label | $where | $ma (${a[*]}) | $mb (${b[*]}) | $(ratio "$ma" "$mb") |" \
+          "$(ratio "$(pick max "${a[@]}")" "$(pick max "${b[@]}")") |" \
+          "$(ratio "$(pick min "${a[@]}")" "$(pick min "${b[@]}")") |"
+      done
+    done
+  done
+  echo
+  # When trafgen offers little more than the device takes, the generator bounds the rate
+  # (it shares GEN_CPU with the guest's busy-polling lcore), not the device.
+  echo "host → guest, trafgen's offer at the TAP (tx_packets + tx_dropped), Mpps medians: $(
+    printf '%s; ' "${offered[@]}" | sed 's/; $//')."
+  echo
+fi
+
+declare -A ceil
+if [ "$ceiling" = 1 ]; then
+  echo "| ceiling (C loop on CPU $dev_cpu, counted at the TAP) | frames | median (each run) | best | worst | virtnet backend --tap / ceiling (medians) |"
+  echo "|---|---|---|---|---|---|"
+  for c in "write 64 tx" "write 1500 tx" "read 64 rx" "read 1500 rx" "tso 65000 -" "uso 65000 -"; do
+    read -r mode size dir <<<"$c"
+    v=()
+    for _ in $(seq "$rounds"); do run_ceiling "$mode" "$size"; v+=("$(cat "$work/result")"); done
+    m=$(pick median "${v[@]}")
+    ceil[$mode]=$m
+    case "$mode" in
+      write) what="one writev per frame, Mpps (guest → host)" ;;
+      read) what="one read per frame, trafgen sending, Mpps (host → guest)" ;;
+      tso) what="one writev per TSO super-frame, Gbit/s" ;;
+      uso) what="one writev per USO super-frame, Gbit/s" ;;
+    esac
+    vs="–"
+    [ "$dir" != - ] && [ -n "${ours[$dir-$size]:-}" ] && vs=$(ratio "${ours[$dir-$size]}" "$m")
+    echo "| $what | $size B | $m (${v[*]}) | $(pick max "${v[@]}") | $(pick min "${v[@]}") | $vs |"
+  done
+  echo
+fi
+
+if [ "$offload" = 1 ]; then
+  echo "| offload stream: virtnet gen → virtnet backend --tap | Gbit/s at the TAP: median (each run) | best | worst | Gbit/s by gen (each run) | / ceiling of the same super-frames |"
+  echo "|---|---|---|---|---|---|"
+  for proto in tcp udp; do
+    t=(); g=(); na=
+    for _ in $(seq "$rounds"); do
+      run_offload "$proto"
+      if grep -q '^n/a' "$work/result"; then na=$(cat "$work/result"); break; fi
+      read -r a b <"$work/result"; t+=("$a"); g+=("$b")
+    done
+    what="--gso $proto --size 65000"
+    if [ -n "$na" ]; then
+      echo "| $what | $na | | | | |"
+      continue
+    fi
+    m=$(pick median "${t[@]}")
+    key=tso
+    [ "$proto" = udp ] && key=uso
+    vs="–"
+    [ -n "${ceil[$key]:-}" ] && vs=$(ratio "$m" "${ceil[$key]}")
+    echo "| $what | $m (${t[*]}) | $(pick max "${t[@]}") | $(pick min "${t[@]}") | ${g[*]} | $vs |"
+  done
+  echo
+fi
