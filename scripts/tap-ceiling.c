@@ -10,6 +10,16 @@
  *                                           (gso_size 1472), as virtnet gen --gso udp
  *   tap-ceiling read  IFNAME SECONDS        one blocking read per frame, in a loop
  *
+ * With io_uring (built with -DHAVE_URING -luring, when liburing is installed), the same frames
+ * batched: 32 writev per io_uring_enter, or 32 reads kept posted and reaped in bursts:
+ *
+ *   tap-ceiling uwrite IFNAME SIZE SECONDS  32 writev SQEs, one io_uring_enter to submit
+ *                                           and wait for them
+ *   tap-ceiling swrite IFNAME SIZE SECONDS  the same with SQPOLL: a kernel thread submits,
+ *                                           no io_uring_enter while it is awake
+ *   tap-ceiling uread  IFNAME SECONDS       32 readv SQEs posted, each re-posted as it
+ *                                           completes, one io_uring_enter per burst
+ *
  * The TAP is opened as `virtnet backend` opens it (IFF_TAP | IFF_NO_PI | IFF_VNET_HDR |
  * IFF_MULTI_QUEUE, 12-byte header). The script counts the rates at the TAP's counters; this
  * prints its own totals on exit as a check. Built by the script with cc -O2.
@@ -29,6 +39,9 @@
 #include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
+#ifdef HAVE_URING
+#include <liburing.h>
+#endif
 
 #ifndef VIRTIO_NET_HDR_GSO_UDP_L4
 #define VIRTIO_NET_HDR_GSO_UDP_L4 5 /* Linux 6.2 headers; older ones lack it */
@@ -118,6 +131,93 @@ static uint16_t pseudo(const uint8_t *f, size_t len, uint8_t proto)
 	return fold(sum16(0, f + 26, 8) + proto + (len - 34));
 }
 
+#ifdef HAVE_URING
+#define BATCH 32
+
+/* 32 writev of the frame per io_uring_enter, until `end`. */
+static int uring_write(int fd, struct iovec *iov, size_t len, double end, int sqpoll)
+{
+	struct io_uring ring;
+	struct io_uring_params p;
+	unsigned long long frames = 0, bytes = 0, refused = 0;
+	memset(&p, 0, sizeof(p));
+	if (sqpoll) {
+		p.flags = IORING_SETUP_SQPOLL;
+		p.sq_thread_idle = 1000;
+	}
+	int r = io_uring_queue_init_params(4 * BATCH, &ring, &p);
+	if (r < 0) {
+		fprintf(stderr, "io_uring_queue_init: %s\n", strerror(-r));
+		return 1;
+	}
+	while (now() < end) {
+		for (int i = 0; i < BATCH; i++)
+			io_uring_prep_writev(io_uring_get_sqe(&ring), fd, iov, 2, 0);
+		io_uring_submit_and_wait(&ring, BATCH);
+		struct io_uring_cqe *c;
+		unsigned head, seen = 0;
+		io_uring_for_each_cqe(&ring, head, c)
+		{
+			if (c->res == (int)(HDR_LEN + len)) {
+				frames++;
+				bytes += len;
+			} else if (c->res == -EINVAL) {
+				fprintf(stderr, "writev: the TAP refused the header\n");
+				return 1;
+			} else {
+				refused++;
+			}
+			seen++;
+		}
+		io_uring_cq_advance(&ring, seen);
+	}
+	printf("frames %llu bytes %llu refused %llu\n", frames, bytes, refused);
+	return 0;
+}
+
+/* 32 reads kept posted on a blocking TAP fd until `end`. */
+static int uring_read(int fd, double end)
+{
+	static uint8_t bufs[BATCH][MAX_FRAME + HDR_LEN];
+	struct io_uring ring;
+	unsigned long long frames = 0, bytes = 0;
+	int r = io_uring_queue_init(4 * BATCH, &ring, 0);
+	if (r < 0) {
+		fprintf(stderr, "io_uring_queue_init: %s\n", strerror(-r));
+		return 1;
+	}
+	for (int i = 0; i < BATCH; i++) {
+		struct io_uring_sqe *s = io_uring_get_sqe(&ring);
+		io_uring_prep_read(s, fd, bufs[i], sizeof(bufs[i]), 0);
+		io_uring_sqe_set_data64(s, i);
+	}
+	io_uring_submit(&ring);
+	while (now() < end) {
+		struct __kernel_timespec ts = {.tv_nsec = 100000000};
+		struct io_uring_cqe *c;
+		if (io_uring_wait_cqe_timeout(&ring, &c, &ts) < 0)
+			continue;
+		unsigned head, seen = 0;
+		io_uring_for_each_cqe(&ring, head, c)
+		{
+			if (c->res > HDR_LEN) {
+				frames++;
+				bytes += c->res - HDR_LEN;
+			}
+			int i = (int)io_uring_cqe_get_data64(c);
+			struct io_uring_sqe *s = io_uring_get_sqe(&ring);
+			io_uring_prep_read(s, fd, bufs[i], sizeof(bufs[i]), 0);
+			io_uring_sqe_set_data64(s, i);
+			seen++;
+		}
+		io_uring_cq_advance(&ring, seen);
+		io_uring_submit(&ring);
+	}
+	printf("frames %llu bytes %llu\n", frames, bytes);
+	return 0;
+}
+#endif
+
 int main(int argc, char **argv)
 {
 	static uint8_t frame[MAX_FRAME];
@@ -133,6 +233,10 @@ int main(int argc, char **argv)
 	int fd = open_tap(argv[2]);
 	memset(&hdr, 0, sizeof(hdr));
 
+#ifdef HAVE_URING
+	if (!strcmp(mode, "uread"))
+		return uring_read(fd, now() + atof(argv[3]));
+#endif
 	if (!strcmp(mode, "read")) {
 		/* Blocking reads, one per frame and nothing else; the alarm interrupts the last
 		 * (no SA_RESTART). */
@@ -160,7 +264,8 @@ int main(int argc, char **argv)
 		fprintf(stderr, "SIZE %zu outside 60..%d\n", len, MAX_FRAME);
 		return 2;
 	}
-	if (!strcmp(mode, "write") || !strcmp(mode, "uso")) {
+	int uring = !strcmp(mode, "uwrite") || !strcmp(mode, "swrite");
+	if (!strcmp(mode, "write") || !strcmp(mode, "uso") || uring) {
 		eth_ip(frame, len, 17);
 		put16(frame + 34, 9);
 		put16(frame + 36, 9);
@@ -197,6 +302,14 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	struct iovec iov[2] = {{&hdr, HDR_LEN}, {frame, len}};
+	if (uring) {
+#ifdef HAVE_URING
+		return uring_write(fd, iov, len, end, !strcmp(mode, "swrite"));
+#else
+		fprintf(stderr, "%s: built without liburing\n", mode);
+		return 2;
+#endif
+	}
 	unsigned long long refused = 0;
 	for (;;) {
 		for (int i = 0; i < 64; i++) {

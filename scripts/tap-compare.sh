@@ -16,10 +16,12 @@
 #   --ceiling  also the one-syscall-per-frame ceiling, counted the same way: a C loop
 #              (scripts/tap-ceiling.c, built with cc) doing one writev per frame into the
 #              TAP, one read per frame out of it while trafgen sends, and one writev per
-#              65,000-byte TSO or USO super-frame (Gbit/s at the TAP's rx_bytes);
+#              65,000-byte TSO or USO super-frame (Gbit/s at the TAP's rx_bytes); and the
+#              same frames through io_uring (liburing, installed when missing): 32 writev
+#              per io_uring_enter, with and without SQPOLL, and 32 reads kept posted;
 #   --offload  also `virtnet gen --gso tcp|udp --size 65000` into our backend on the TAP,
-#              Gbit/s at the TAP (the udp row says n/a while the backend does not offer
-#              HOST_USO, and runs once it does);
+#              Gbit/s at the TAP (the udp row says n/a where the kernel's TAP has no USO,
+#              so the backend does not offer HOST_USO);
 #   --no-compare  only the parts asked for with --ceiling / --offload.
 #
 # CPUs: the device on DEV_CPU (0), the guest (and virtnet gen) on GUEST_CPU (1), trafgen on
@@ -66,7 +68,10 @@ virtnet=${VIRTNET_BIN:-$root/target/release/virtnet}
 missing=()
 command -v dpdk-testpmd >/dev/null || missing+=(dpdk-dev)
 command -v trafgen >/dev/null || missing+=(netsniff-ng)
-if [ "$ceiling" = 1 ]; then command -v cc >/dev/null || missing+=(gcc); fi
+if [ "$ceiling" = 1 ]; then
+  command -v cc >/dev/null || missing+=(gcc)
+  [ -e /usr/include/liburing.h ] || missing+=(liburing-dev)
+fi
 if [ ${#missing[@]} -gt 0 ]; then
   apt-get update >&2 && apt-get install -y --no-install-recommends "${missing[@]}" >&2
 fi
@@ -112,7 +117,7 @@ in_ns ip link set "$our_tap" up
 
 helper=$work/tap-ceiling
 if [ "$ceiling" = 1 ]; then
-  cc -O2 -Wall -o "$helper" "$root/scripts/tap-ceiling.c"
+  cc -O2 -Wall -DHAVE_URING -o "$helper" "$root/scripts/tap-ceiling.c" -luring
 fi
 
 # A trafgen config sending one SIZE-byte IPv4/UDP frame to the guest's MAC from GEN_CPU only
@@ -260,11 +265,11 @@ run_pair() { # which dir size
 run_ceiling() { # mode size
   local mode=$1 size=$2 counter=rx_packets scale=1e6
   case "$mode" in
-    read) counter=tx_packets ;;
+    read | uread) counter=tx_packets ;;
     tso | uso) counter=rx_bytes scale=1.25e8 ;;
   esac
-  if [ "$mode" = read ]; then
-    ip netns exec "$ns" taskset -c "$dev_cpu" "$helper" read "$our_tap" $((seconds + 3)) >"$work/helper.log" 2>&1 &
+  if [ "$mode" = read ] || [ "$mode" = uread ]; then
+    ip netns exec "$ns" taskset -c "$dev_cpu" "$helper" "$mode" "$our_tap" $((seconds + 3)) >"$work/helper.log" 2>&1 &
     pids+=($!)
     sleep 0.5
     start_trafgen "$our_tap" "$size"
@@ -364,7 +369,8 @@ declare -A ceil
 if [ "$ceiling" = 1 ]; then
   echo "| ceiling (C loop on CPU $dev_cpu, counted at the TAP) | frames | median (each run) | best | worst | virtnet backend --tap / ceiling (medians) |"
   echo "|---|---|---|---|---|---|"
-  for c in "write 64 tx" "write 1500 tx" "read 64 rx" "read 1500 rx" "tso 65000 -" "uso 65000 -"; do
+  for c in "write 64 tx" "write 1500 tx" "uwrite 64 -" "swrite 64 -" "read 64 rx" "read 1500 rx" \
+    "uread 64 -" "tso 65000 -" "uso 65000 -"; do
     read -r mode size dir <<<"$c"
     v=()
     for _ in $(seq "$rounds"); do run_ceiling "$mode" "$size"; v+=("$(cat "$work/result")"); done
@@ -372,7 +378,10 @@ if [ "$ceiling" = 1 ]; then
     ceil[$mode]=$m
     case "$mode" in
       write) what="one writev per frame, Mpps (guest → host)" ;;
+      uwrite) what="io_uring: 32 writev per io_uring_enter, Mpps (guest → host)" ;;
+      swrite) what="io_uring with SQPOLL: 32 writev per batch, Mpps (guest → host)" ;;
       read) what="one read per frame, trafgen sending, Mpps (host → guest)" ;;
+      uread) what="io_uring: 32 reads kept posted, trafgen sending, Mpps (host → guest)" ;;
       tso) what="one writev per TSO super-frame, Gbit/s" ;;
       uso) what="one writev per USO super-frame, Gbit/s" ;;
     esac
