@@ -22,7 +22,10 @@
 #   --offload  also `virtnet gen --gso tcp|udp --size 65000` into our backend on the TAP,
 #              Gbit/s at the TAP (the udp row says n/a where the kernel's TAP has no USO,
 #              so the backend does not offer HOST_USO);
-#   --no-compare  only the parts asked for with --ceiling / --offload.
+#   --zero-loss S  also S seconds of 64 B guest -> host at full rate into our backend: frames
+#              the guest sent (testpmd's TX-packets) against frames at the TAP and frames
+#              the backend dropped (only invalid ones may be), with the TAP's push-backs;
+#   --no-compare  only the parts asked for with --ceiling / --offload / --zero-loss.
 #
 # CPUs: the device on DEV_CPU (0), the guest (and virtnet gen) on GUEST_CPU (1), trafgen on
 # the CPU the device does not use, GEN_CPU (GUEST_CPU), where it shares the CPU with the
@@ -32,7 +35,7 @@
 # /tmp/vnt-tap-logs.
 #
 # Usage: scripts/tap-compare.sh [--rounds N] [--seconds S] [--busy-poll-us US]
-#                               [--ceiling] [--offload] [--no-compare]
+#                               [--ceiling] [--offload] [--zero-loss S] [--no-compare]
 # Needs root; installs dpdk-dev and netsniff-ng (trafgen) when missing. Prints Markdown.
 set -euo pipefail
 
@@ -42,6 +45,7 @@ busy_poll_us=1000
 compare=1
 ceiling=0
 offload=0
+zero_loss=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --rounds) rounds=$2; shift 2 ;;
@@ -49,6 +53,7 @@ while [ $# -gt 0 ]; do
     --busy-poll-us) busy_poll_us=$2; shift 2 ;;
     --ceiling) ceiling=1; shift ;;
     --offload) offload=1; shift ;;
+    --zero-loss) zero_loss=$2; shift 2 ;;
     --no-compare) compare=0; shift ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
@@ -202,7 +207,8 @@ wait_for() { # what test...
 
 device_virtnet() { # sock
   ip netns exec "$ns" taskset -c "$dev_cpu" "$virtnet" backend --tap "$our_tap" --socket-path "$1" \
-    --busy-poll-us "$busy_poll_us" --worker-cpu "$dev_cpu" --mac "$guest_mac" >"$work/dev.log" 2>&1 &
+    --busy-poll-us "$busy_poll_us" --worker-cpu "$dev_cpu" --mac "$guest_mac" \
+    --ctl "$work/ctl.sock" >"$work/dev.log" 2>&1 &
   pids+=($!)
 }
 # testpmd's main lcore must not share a CPU with its forwarding lcore while the vhost-user
@@ -258,6 +264,37 @@ run_pair() { # which dir size
   rm -rf /var/run/dpdk/vnt-t*
   echo "$(scaled_median "$work/tap.rates" 1e6) $(guest_rate "$work/drv.log" "$field")" \
     "$(scaled_median "$work/tap.rates" 1e6 2)" >"$work/result"
+}
+
+# S seconds of 64 B guest -> host into our backend at full rate; writes "sent at-TAP dropped
+# pushbacks" to $work/result.
+run_zero_loss() { # seconds
+  local sock=$work/s.sock
+  rm -f "$sock" "$work/ctl.sock"
+  device_virtnet "$sock"
+  local dev=${pids[-1]}
+  wait_for "the device's socket" test -S "$sock"
+  local before after
+  before=$(in_ns cat "/sys/class/net/$our_tap/statistics/rx_packets")
+  guest_testpmd txonly 64 "$sock"
+  local guest=${pids[-1]}
+  wait_for "the guest's first stats" grep -q Tx-pps "$work/drv.log"
+  sleep "$1"
+  # testpmd prints its totals when it stops; then the backend has used everything.
+  stop_pid "$guest" INT
+  sleep 1
+  after=$(in_ns cat "/sys/class/net/$our_tap/statistics/rx_packets")
+  local sent counters
+  sent=$(awk '/Forward statistics for port 0/ {f = 1}
+    f { for (i = 1; i < NF; i++) if ($i == "TX-packets:") { print $(i + 1); exit } }' "$work/drv.log")
+  counters=$("$virtnet" ctl --socket "$work/ctl.sock" stats | python3 -c '
+import json, sys
+q = [q for q in json.load(sys.stdin)["queues"] if q["kind"] == "tx"][0]
+print(q["dropped"], q["host_pushback"])')
+  stop_pid "$dev" TERM
+  pids=()
+  rm -rf /var/run/dpdk/vnt-t*
+  echo "${sent:-?} $((after - before)) $counters" >"$work/result"
 }
 
 # The ceiling loop on DEV_CPU (with trafgen for `read`); writes the median rate at the TAP
@@ -414,5 +451,14 @@ if [ "$offload" = 1 ]; then
     [ -n "${ceil[$key]:-}" ] && vs=$(ratio "$m" "${ceil[$key]}")
     echo "| $what | $m (${t[*]}) | $(pick max "${t[@]}") | $(pick min "${t[@]}") | ${g[*]} | $vs |"
   done
+  echo
+fi
+
+if [ "$zero_loss" != 0 ]; then
+  run_zero_loss "$zero_loss"
+  read -r sent at_tap dropped pushback <"$work/result"
+  echo "| zero loss: $zero_loss s of 64 B guest → host at full rate | sent by the guest | at the TAP | dropped by the backend | TAP push-backs |"
+  echo "|---|---|---|---|---|"
+  echo "| virtnet backend --tap | $sent | $at_tap | $dropped | $pushback |"
   echo
 fi
