@@ -124,6 +124,11 @@ impl CtrlWorker {
 
     /// Runs until shut down, or until its epoll set fails (then no control queue can run).
     pub fn run(&mut self) -> Result<(), Error> {
+        if self.shared.config.seccomp {
+            virtnet_sys::sandbox::restrict_thread().map_err(Error::host(
+                "installing the control worker's seccomp filter",
+            ))?;
+        }
         self.epoll
             .ctl(
                 ControlOperation::Add,

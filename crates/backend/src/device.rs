@@ -63,6 +63,10 @@ impl Device {
                 tap_queues.push(q);
             }
         }
+        if config.seccomp {
+            // Sandboxed workers cannot start the watchdog thread on their first call.
+            virtnet_sys::peer_fd::prepare_watchdog()?;
+        }
         let io = config.io.clone();
         let shared = Arc::new(Shared::new(config, taps)?);
         if let Some(tap) = shared.taps.first() {

@@ -101,6 +101,11 @@ pub struct BackendConfig {
     /// charged to the TAP instead of building it in place (358 against 316 ns per 64-byte
     /// write, Intel Xeon, Linux 6.18).
     pub tap_sndbuf: Option<i32>,
+    /// Each worker thread (the pairs' and the control queue's) allows itself only the system
+    /// calls it needs (`virtnet_sys::sandbox::WORKER_SYSCALLS`); any other kills the process.
+    /// `virtnet backend` turns it on; off here, for the tests and fuzz targets that build a
+    /// device in their own process.
+    pub seccomp: bool,
 }
 
 impl Default for BackendConfig {
@@ -117,6 +122,7 @@ impl Default for BackendConfig {
             poll_rx_from_tx: true,
             worker_cpu: None,
             tap_sndbuf: None,
+            seccomp: false,
         }
     }
 }

@@ -104,6 +104,10 @@ impl<H: Host> Worker<H> {
                 tracing::warn!(cpu, error = %e, "cannot pin the worker");
             }
         }
+        if self.shared.config.seccomp {
+            virtnet_sys::sandbox::restrict_thread()
+                .map_err(Error::host("installing the worker's seccomp filter"))?;
+        }
         for (fd, tag) in [
             (self.inbox.wake.as_raw_fd(), EV_WAKE),
             (self.timer.as_raw_fd(), EV_TIMER),

@@ -93,6 +93,11 @@ pub struct BackendArgs {
     /// Serve Prometheus metrics at http://ADDR:PORT/metrics.
     #[arg(long, value_name = "ADDR:PORT")]
     metrics: Option<String>,
+    /// Least privilege (on): drop every capability but CAP_NET_ADMIN and set no_new_privs at
+    /// start, and give each worker thread a seccomp allow-list (a system call outside it
+    /// kills the process). `off` for debugging.
+    #[arg(long, default_value = "on", value_parser = ["on", "off"])]
+    sandbox: String,
 }
 
 /// Where the frontends come from.
@@ -112,6 +117,12 @@ pub fn run(args: BackendArgs) -> Result<(), Box<dyn std::error::Error>> {
     // for them, and so that the systemd variables are removed from the environment while
     // nothing else reads it.
     let signals = virtnet_sys::signals::TerminationSignals::block()?;
+    let sandbox = args.sandbox == "on";
+    if sandbox {
+        // Before any other thread: capabilities are per thread, and threads inherit them.
+        let kept = virtnet_sys::sandbox::drop_privileges()?;
+        tracing::debug!(net_admin = kept.net_admin, "capabilities dropped");
+    }
     let activated = activation::listener_from_systemd()?;
     let notifier = Notifier::from_env().unwrap_or_else(|e| {
         tracing::warn!(error = %e, "NOTIFY_SOCKET unusable: no readiness notification");
@@ -141,6 +152,7 @@ pub fn run(args: BackendArgs) -> Result<(), Box<dyn std::error::Error>> {
         poll_rx_from_tx: !args.no_poll_rx_from_tx,
         worker_cpu: args.worker_cpu,
         tap_sndbuf: args.tap_sndbuf,
+        seccomp: sandbox,
     };
     let explicit = args.socket_path.is_some() || args.fd.is_some();
     if explicit && activated.is_some() {

@@ -12,6 +12,7 @@ use std::os::unix::net::UnixListener;
 
 pub mod activation;
 pub mod peer_fd;
+pub mod sandbox;
 pub mod signals;
 pub mod tap;
 

@@ -242,6 +242,13 @@ impl Drop for Registration {
     }
 }
 
+/// Starts the watchdog and installs its signal handler now, rather than on the first peer-fd
+/// write: for threads that may not create threads or change signal actions later (a
+/// sandboxed worker, `sandbox::restrict_thread`).
+pub fn prepare_watchdog() -> io::Result<()> {
+    install_interrupt_handler().and_then(|()| start_watchdog())
+}
+
 /// How many peer-fd writes the watchdog has interrupted in this process.
 pub fn interrupted_writes() -> u64 {
     INTERRUPTS.load(Ordering::Relaxed)

@@ -1,0 +1,234 @@
+//! Least privilege once the backend is set up: the capabilities it no longer needs dropped,
+//! `no_new_privs` set, and a seccomp allow-list on the threads that touch guest memory.
+//!
+//! - [`drop_privileges`] keeps at most CAP_NET_ADMIN (NET_SET_MTU sets the TAP's MTU with
+//!   SIOCSIFMTU; TUNSETQUEUE on a TAP owned by another user needs it too) and clears every
+//!   other capability from the effective, permitted, inheritable and ambient sets and from the
+//!   bounding set, then sets `no_new_privs`, so that nothing the process runs later gains one
+//!   back. A process that has none (run as the TAP's owner, see README) loses nothing.
+//! - [`restrict_thread`] installs [`WORKER_SYSCALLS`] on the calling thread: a data worker or
+//!   the control queue's, the threads that parse what the guest writes. Any other system call
+//!   kills the process (SECCOMP_RET_KILL_PROCESS): a worker that makes one is either a bug or
+//!   a compromised worker, and neither should go on. The protocol, `virtnet ctl`, metrics and
+//!   signal threads are not filtered (they accept connections, map memory files, open sockets).
+
+use std::collections::BTreeMap;
+use std::io;
+
+use caps::{CapSet, Capability, CapsHashSet};
+use seccompiler::{
+    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
+    SeccompRule,
+};
+
+/// The system calls a worker makes once running (measured with strace over tx, rx, GSO, the
+/// control queue and reconnections), and those its rare paths need:
+/// - frames and notifications: readv, writev, read, write, preadv2 (eventfds read without
+///   blocking), poll (is the TAP readable), epoll_wait/epoll_pwait, epoll_ctl (arming the TAP
+///   and kicks), timerfd_settime (held calls), getrusage (busy polling's yield check),
+///   clock_gettime (when the vDSO cannot answer), close (a stopped queue's fds);
+/// - memory: mmap, munmap, mremap, mprotect, madvise, brk (the allocator; a stopped queue's
+///   guest memory unmapped here; the SIGBUS handler's anonymous mapping over a shrunk file);
+/// - threads and signals: futex, sched_yield, rt_sigprocmask, rt_sigreturn (the watchdog's
+///   interrupt and the SIGBUS handler return), rt_sigaction (the SIGBUS handler passing a
+///   fault outside guest memory on), sigaltstack and exit (a thread ending), nanosleep and
+///   clock_nanosleep (the control-queue benchmark's slow device), gettid, getpid;
+/// - ioctl, for TUNSETQUEUE only (the control queue's VQ_PAIRS_SET attaches and detaches TAP
+///   queues), and fcntl for F_GETFD only (added by `worker_filter`).
+pub const WORKER_SYSCALLS: &[libc::c_long] = &[
+    libc::SYS_read,
+    libc::SYS_write,
+    libc::SYS_readv,
+    libc::SYS_writev,
+    libc::SYS_preadv2,
+    libc::SYS_poll,
+    libc::SYS_ppoll,
+    libc::SYS_epoll_wait,
+    libc::SYS_epoll_pwait,
+    libc::SYS_epoll_ctl,
+    libc::SYS_timerfd_settime,
+    libc::SYS_getrusage,
+    libc::SYS_clock_gettime,
+    libc::SYS_close,
+    libc::SYS_mmap,
+    libc::SYS_munmap,
+    libc::SYS_mremap,
+    libc::SYS_mprotect,
+    libc::SYS_madvise,
+    libc::SYS_brk,
+    libc::SYS_futex,
+    libc::SYS_sched_yield,
+    libc::SYS_rt_sigprocmask,
+    libc::SYS_rt_sigreturn,
+    libc::SYS_rt_sigaction,
+    libc::SYS_sigaltstack,
+    libc::SYS_exit,
+    libc::SYS_nanosleep,
+    libc::SYS_clock_nanosleep,
+    libc::SYS_gettid,
+    libc::SYS_getpid,
+];
+
+/// The filter of [`restrict_thread`], as BPF.
+fn worker_filter() -> io::Result<BpfProgram> {
+    let mut rules: BTreeMap<i64, Vec<SeccompRule>> =
+        WORKER_SYSCALLS.iter().map(|&nr| (nr, vec![])).collect();
+    let tunsetqueue = SeccompCondition::new(
+        1,
+        SeccompCmpArgLen::Dword,
+        SeccompCmpOp::Eq,
+        libc::TUNSETQUEUE,
+    )
+    .map_err(io::Error::other)?;
+    rules.insert(
+        libc::SYS_ioctl,
+        vec![SeccompRule::new(vec![tunsetqueue]).map_err(io::Error::other)?],
+    );
+    // F_GETFD: the standard library's debug builds check that an fd is open before closing it.
+    let getfd = SeccompCondition::new(
+        1,
+        SeccompCmpArgLen::Dword,
+        SeccompCmpOp::Eq,
+        libc::F_GETFD as u64,
+    )
+    .map_err(io::Error::other)?;
+    rules.insert(
+        libc::SYS_fcntl,
+        vec![SeccompRule::new(vec![getfd]).map_err(io::Error::other)?],
+    );
+    let arch = std::env::consts::ARCH
+        .try_into()
+        .map_err(|e| io::Error::other(format!("seccomp: {e:?}")))?;
+    let filter = SeccompFilter::new(
+        rules,
+        SeccompAction::KillProcess,
+        SeccompAction::Allow,
+        arch,
+    )
+    .map_err(io::Error::other)?;
+    filter.try_into().map_err(io::Error::other)
+}
+
+/// Allows the calling thread only [`WORKER_SYSCALLS`] (and TUNSETQUEUE ioctls) from now on;
+/// sets `no_new_privs` for it, as seccomp requires without CAP_SYS_ADMIN.
+pub fn restrict_thread() -> io::Result<()> {
+    let program = worker_filter()?;
+    seccompiler::apply_filter(&program).map_err(io::Error::other)
+}
+
+/// What [`drop_privileges`] kept.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Kept {
+    /// CAP_NET_ADMIN is still effective (it was before).
+    pub net_admin: bool,
+}
+
+/// Drops every capability but CAP_NET_ADMIN from all sets of the process (the bounding set
+/// first, while CAP_SETPCAP allows it), and sets `no_new_privs`. Capabilities are per thread
+/// in Linux: call it before the threads that should lose them exist, or from each.
+pub fn drop_privileges() -> io::Result<Kept> {
+    let err = |e: caps::errors::CapsError| io::Error::other(e.to_string());
+    let net_admin =
+        caps::has_cap(None, CapSet::Effective, Capability::CAP_NET_ADMIN).map_err(err)?;
+    let mut keep = CapsHashSet::new();
+    if net_admin {
+        keep.insert(Capability::CAP_NET_ADMIN);
+    }
+    if caps::has_cap(None, CapSet::Effective, Capability::CAP_SETPCAP).map_err(err)? {
+        for c in caps::read(None, CapSet::Bounding).map_err(err)? {
+            if !keep.contains(&c) {
+                caps::drop(None, CapSet::Bounding, c).map_err(err)?;
+            }
+        }
+    }
+    caps::clear(None, CapSet::Ambient).map_err(err)?;
+    caps::clear(None, CapSet::Inheritable).map_err(err)?;
+    // Effective must stay within permitted: set it first, then shrink permitted.
+    caps::set(None, CapSet::Effective, &keep).map_err(err)?;
+    caps::set(None, CapSet::Permitted, &keep).map_err(err)?;
+    set_no_new_privs()?;
+    Ok(Kept { net_admin })
+}
+
+/// PR_SET_NO_NEW_PRIVS: execve can no longer grant privileges (setuid bits, file
+/// capabilities) to this process or its children.
+pub fn set_no_new_privs() -> io::Result<()> {
+    // SAFETY: PR_SET_NO_NEW_PRIVS takes integer arguments only and touches no memory.
+    let r = unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A field of thread `tid`'s /proc status ("Seccomp", "NoNewPrivs").
+    fn status(tid: libc::pid_t, field: &str) -> String {
+        let s = std::fs::read_to_string(format!("/proc/self/task/{tid}/status")).unwrap();
+        let line = s
+            .lines()
+            .find(|l| l.starts_with(&format!("{field}:")))
+            .unwrap()
+            .to_string();
+        line.split_whitespace().nth(1).unwrap().to_string()
+    }
+
+    fn gettid() -> libc::pid_t {
+        // SAFETY: gettid has no preconditions.
+        unsafe { libc::gettid() }
+    }
+
+    #[test]
+    fn a_restricted_thread_makes_its_system_calls_and_is_in_filter_mode() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+        let t = std::thread::spawn(move || {
+            let e = vmm_sys_util::eventfd::EventFd::new(libc::EFD_NONBLOCK).unwrap();
+            restrict_thread().unwrap();
+            // What a worker does: eventfd reads and writes, memory, time, a futex wait.
+            e.write(2).unwrap();
+            assert_eq!(e.read().unwrap(), 2);
+            drop(e);
+            let v = vec![1u8; 1 << 22];
+            std::thread::sleep(std::time::Duration::from_millis(1));
+            tx.send((gettid(), v.iter().map(|&b| b as u64).sum::<u64>()))
+                .unwrap();
+            done_rx.recv().unwrap();
+        });
+        let (tid, sum) = rx.recv().unwrap();
+        assert_eq!(sum, 1 << 22);
+        assert_eq!(status(tid, "Seccomp"), "2", "filter mode");
+        assert_eq!(status(tid, "NoNewPrivs"), "1");
+        // Other threads are not filtered.
+        assert_eq!(status(gettid(), "Seccomp"), "0");
+        done_tx.send(()).unwrap();
+        t.join().unwrap();
+    }
+
+    #[test]
+    fn a_system_call_outside_the_list_kills_the_process() {
+        // In a child process: the filter's action is to kill it.
+        let exe = std::env::current_exe().unwrap();
+        if std::env::var_os("VIRTNET_SANDBOX_CHILD").is_some() {
+            restrict_thread().unwrap();
+            // socket(2) is not in the list.
+            // SAFETY: socket takes integer arguments only.
+            let _ = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_STREAM, 0) };
+            std::process::exit(0); // Not reached.
+        }
+        let out = std::process::Command::new(exe)
+            .args([
+                "--exact",
+                "sandbox::tests::a_system_call_outside_the_list_kills_the_process",
+                "--nocapture",
+            ])
+            .env("VIRTNET_SANDBOX_CHILD", "1")
+            .output()
+            .unwrap();
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(out.status.signal(), Some(libc::SIGSYS), "{out:?}");
+    }
+}
