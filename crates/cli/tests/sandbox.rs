@@ -80,13 +80,22 @@ fn the_backend_keeps_only_net_admin_and_its_workers_run_under_seccomp() {
         assert_eq!(v, CAP_NET_ADMIN, "{set} {v:#x}");
     }
     assert_eq!(status(&proc, "NoNewPrivs"), "1");
-    let t = threads(child.id());
-    let workers: Vec<_> = t
-        .iter()
-        .filter(|(name, _)| name.starts_with("virtnet-pair") || name == "virtnet-ctrlq")
-        .collect();
-    assert_eq!(workers.len(), 3, "two pairs and the control queue: {t:?}");
-    assert!(workers.iter().all(|(_, s)| s == "2"), "{t:?}");
+    // Two pairs and the control queue, each filtered once it has run its setup (on a loaded
+    // machine a worker that no frame needed yet may not have run at all).
+    let workers_filtered = |t: &[(String, String)]| {
+        let w: Vec<_> = t
+            .iter()
+            .filter(|(name, _)| name.starts_with("virtnet-pair") || name == "virtnet-ctrlq")
+            .collect();
+        w.len() == 3 && w.iter().all(|(_, s)| s == "2")
+    };
+    let pid = child.id();
+    assert!(
+        testkit::eventually(Duration::from_secs(10), || workers_filtered(&threads(pid))),
+        "{:?}",
+        threads(pid)
+    );
+    let t = threads(pid);
     let main = t.iter().find(|(name, _)| name == "virtnet").unwrap();
     assert_eq!(main.1, "0", "the protocol side is not filtered: {t:?}");
     drop(p);
