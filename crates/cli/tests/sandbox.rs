@@ -43,7 +43,31 @@ fn threads(pid: u32) -> Vec<(String, String)> {
         .collect()
 }
 
-fn start(dir: &Path, extra: &[&str]) -> Child {
+/// The backend process, killed if a test fails before stopping it (a backend left running
+/// would hold the test's output pipe open).
+struct Backend(Child);
+
+impl Drop for Backend {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl std::ops::Deref for Backend {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Backend {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.0
+    }
+}
+
+fn start(dir: &Path, extra: &[&str]) -> Backend {
     let socket = dir.join("vhost.sock");
     let child = Command::new(BIN)
         .args(["backend", "--io", "echo", "--queues", "2", "--socket-path"])
@@ -51,6 +75,7 @@ fn start(dir: &Path, extra: &[&str]) -> Child {
         .args(extra)
         .spawn()
         .expect("virtnet backend");
+    let child = Backend(child);
     assert!(
         testkit::eventually(Duration::from_secs(10), || socket.exists()),
         "the backend never listened"
@@ -159,15 +184,16 @@ fn an_unprivileged_user_runs_the_backend_on_a_tap_it_owns() {
         .status()
         .unwrap();
     let socket = dir.join("vhost.sock");
-    let mut child = ns
-        .command("setpriv")
-        .args(["--reuid", "65534", "--regid", "65534", "--clear-groups"])
-        .args(["--inh-caps", "-all", "--bounding-set", "-all"])
-        .arg(BIN)
-        .args(["backend", "--tap", tap, "--socket-path"])
-        .arg(&socket)
-        .spawn()
-        .expect("setpriv virtnet backend");
+    let mut child = Backend(
+        ns.command("setpriv")
+            .args(["--reuid", "65534", "--regid", "65534", "--clear-groups"])
+            .args(["--inh-caps", "-all", "--bounding-set", "-all"])
+            .arg(BIN)
+            .args(["backend", "--tap", tap, "--socket-path"])
+            .arg(&socket)
+            .spawn()
+            .expect("setpriv virtnet backend"),
+    );
     assert!(
         testkit::eventually(Duration::from_secs(10), || socket.exists()),
         "the backend never listened as nobody"
