@@ -44,6 +44,12 @@ pub struct GenArgs {
     /// Spin on the rings instead of sleeping on the call eventfds.
     #[arg(long)]
     busy_poll: bool,
+    /// Do not ask for VIRTIO_F_IN_ORDER. By default it is taken when the device offers it:
+    /// used buffers are then reclaimed in the order they were posted, one used element read
+    /// per batch the device reports, and descriptors and buffers reused in ring order. For
+    /// A/B runs.
+    #[arg(long)]
+    no_in_order: bool,
     /// How control commands wait for their answer: irq (sleep) or poll (spin).
     #[arg(long, default_value = "irq")]
     ctrl: CtrlMode,
@@ -85,6 +91,7 @@ pub fn run(args: GenArgs) -> Result<(), Box<dyn std::error::Error>> {
         queues: args.queues,
         duration: seconds(args.duration, "duration")?,
         busy_poll: args.busy_poll,
+        in_order: !args.no_in_order,
         ctrl: args.ctrl,
         dim: args.dim == "on",
         queue_size: args.queue_size,

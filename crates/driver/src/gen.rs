@@ -82,6 +82,8 @@ pub struct GenConfig {
     pub duration: Duration,
     /// Spin on the rings instead of sleeping on the call eventfds.
     pub busy_poll: bool,
+    /// Ask for VIRTIO_F_IN_ORDER (taken when the device offers it); off for A/B runs.
+    pub in_order: bool,
     pub ctrl: CtrlMode,
     pub dim: bool,
     pub queue_size: u16,
@@ -109,6 +111,7 @@ impl Default for GenConfig {
             queues: 1,
             duration: Duration::from_secs(10),
             busy_poll: false,
+            in_order: true,
             ctrl: CtrlMode::Irq,
             dim: false,
             queue_size: 256,
@@ -242,8 +245,8 @@ pub struct GsoSummary {
     pub segments: u32,
 }
 
-/// The features to ask for: the defaults (without EVENT_IDX when busy polling), and the
-/// offloads that `gso` needs.
+/// The features to ask for: the defaults (without EVENT_IDX when busy polling, without
+/// IN_ORDER when told), and the offloads that `gso` needs.
 fn wanted_features(config: &GenConfig) -> Features {
     // A busy-polling driver needs no notifications: without EVENT_IDX the device skips the
     // event-index bookkeeping (as with DPDK's virtio-user, which never offers it).
@@ -252,6 +255,9 @@ fn wanted_features(config: &GenConfig) -> Features {
     } else {
         DEFAULT_FEATURES
     };
+    if !config.in_order {
+        f = f.difference(Features::IN_ORDER);
+    }
     if let Some(g) = config.gso {
         f = f | feature::CSUM;
         f = f | match (g.proto, g.ipv6) {
