@@ -72,6 +72,16 @@ pub struct GenArgs {
     /// Seconds to keep retrying the connection.
     #[arg(long, default_value_t = 2.0)]
     connect_wait: f64,
+    /// Survive a backend restart, as QEMU's reconnect= does: when the backend closes the
+    /// connection (exits or is killed), keep the counters, connect again after 100 ms
+    /// doubling to 0.5 s, renegotiate, and resume the same traffic on fresh rings (frames in
+    /// flight on the old ones are abandoned and counted). The summary lists each loss, its
+    /// gap and attempts. Without it a lost connection ends the run with an error.
+    #[arg(long)]
+    reconnect: bool,
+    /// With --reconnect: seconds after a loss to keep trying before the run fails.
+    #[arg(long, default_value_t = 30.0, requires = "reconnect")]
+    reconnect_limit: f64,
 }
 
 fn seconds(s: f64, what: &str) -> Result<Duration, String> {
@@ -98,6 +108,11 @@ pub fn run(args: GenArgs) -> Result<(), Box<dyn std::error::Error>> {
         burst: args.burst.max(1),
         avail_per_burst: args.avail_per_burst,
         connect_wait: seconds(args.connect_wait, "connect-wait")?,
+        reconnect: if args.reconnect {
+            Some(seconds(args.reconnect_limit, "reconnect-limit")?)
+        } else {
+            None
+        },
     };
     let json = args.json;
     // Rate lines are the progress: on stdout, or on stderr when stdout carries the JSON.

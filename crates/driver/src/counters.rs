@@ -31,6 +31,9 @@ vnet::counters! {
         /// tx: frames sent with checksum offload (NEEDS_CSUM) and with segmentation offload (GSO).
         csum_offloaded,
         gso_offloaded,
+        /// tx: frames handed to a device that went away before completing them, taken back
+        /// without it (`TxQueue::abandon`, when gen's connection is lost).
+        abandoned,
     }
 }
 

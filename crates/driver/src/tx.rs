@@ -442,6 +442,19 @@ impl TxQueue {
         fired
     }
 
+    /// Takes back every frame in flight without the device, for a device that is gone (the
+    /// connection to it lost): the buffers return to the pool and the ring is empty, as
+    /// after activation. Returns how many frames were abandoned (counted in `abandoned`).
+    pub fn abandon(&mut self) -> usize {
+        let slots = self.q.detach_unused();
+        let n = slots.len();
+        self.pool.free.extend(slots);
+        self.stopped = false;
+        self.pending_kick = false;
+        self.counters.abandoned.add(n as u64);
+        n
+    }
+
     /// Reclaims everything the device has completed until nothing is in flight, for a clean
     /// stop; gives up after `timeout`. Returns whether the queue drained. It polls (every
     /// millisecond) rather than taking interrupts: a shutdown path, not a data path.
