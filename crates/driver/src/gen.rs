@@ -215,8 +215,10 @@ struct Totals {
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct PairReport {
     pub pair: u16,
+    /// Summed over every connection of the run (see `GenConfig::reconnect`).
     pub tx: CountersSnapshot,
     pub rx: CountersSnapshot,
+    /// The last connection's DIM.
     pub dim: Option<DimSnapshot>,
     /// CPU time of the pair's thread.
     pub cpu_s: f64,
@@ -249,6 +251,7 @@ pub struct GenReport {
     pub elapsed_s: f64,
     pub per_pair: Vec<PairReport>,
     pub latency: Option<Latency>,
+    /// The last connection's control queue.
     pub ctrl: Option<CtrlSnapshot>,
     /// CPU time of the generator threads over the run, in percent of one CPU.
     pub cpu_pct: f64,
