@@ -127,6 +127,9 @@ fn gen_reconnects_after_the_backend_is_killed_and_resumes_both_ways() {
         attempts >= 2,
         "{attempts} attempts: the first ones found no backend"
     );
+    // Only what was in flight on the old tx ring (256 entries) and never completed.
+    let abandoned = rc["abandoned"].as_u64().unwrap();
+    assert!(abandoned <= 256, "{abandoned} frames abandoned");
     let lost_at = rc["lost_at_s"].as_f64().unwrap();
     // The counters go on across the connections: more than the new backend saw alone.
     let (tx, rx) = (

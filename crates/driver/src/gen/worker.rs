@@ -123,7 +123,13 @@ pub(super) fn worker(
         }
     }
     if lost.load(Relaxed) {
-        // Nobody will complete or fill these: the next connection starts on fresh rings.
+        // What the device completed or filled before it went is in our memory: take it, so
+        // that only frames it never finished count as abandoned. Nobody will complete or fill
+        // the rest: the next connection starts on fresh rings.
+        p.tx.reclaim(usize::MAX)?;
+        if cfg.mode != Mode::TxOnly {
+            while rx_poll(&mut p.rx, RX_BUDGET)? == RX_BUDGET {}
+        }
         p.tx.abandon();
         p.rx.abandon();
         return Ok(WorkerResult {
