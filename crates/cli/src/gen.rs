@@ -44,6 +44,12 @@ pub struct GenArgs {
     /// Spin on the rings instead of sleeping on the call eventfds.
     #[arg(long)]
     busy_poll: bool,
+    /// Do not ask for VIRTIO_F_IN_ORDER. By default it is taken when the device offers it:
+    /// used buffers are then reclaimed in the order they were posted, one used element read
+    /// per batch the device reports, and descriptors and buffers reused in ring order. For
+    /// A/B runs.
+    #[arg(long)]
+    no_in_order: bool,
     /// How control commands wait for their answer: irq (sleep) or poll (spin).
     #[arg(long, default_value = "irq")]
     ctrl: CtrlMode,
@@ -66,6 +72,16 @@ pub struct GenArgs {
     /// Seconds to keep retrying the connection.
     #[arg(long, default_value_t = 2.0)]
     connect_wait: f64,
+    /// Survive a backend restart, as QEMU's reconnect= does: when the backend closes the
+    /// connection (exits or is killed), keep the counters, connect again after 100 ms
+    /// doubling to 0.5 s, renegotiate, and resume the same traffic on fresh rings (frames in
+    /// flight on the old ones are abandoned and counted). The summary lists each loss, its
+    /// gap and attempts. Without it a lost connection ends the run with an error.
+    #[arg(long)]
+    reconnect: bool,
+    /// With --reconnect: seconds after a loss to keep trying before the run fails.
+    #[arg(long, default_value_t = 30.0, requires = "reconnect")]
+    reconnect_limit: f64,
 }
 
 fn seconds(s: f64, what: &str) -> Result<Duration, String> {
@@ -85,12 +101,18 @@ pub fn run(args: GenArgs) -> Result<(), Box<dyn std::error::Error>> {
         queues: args.queues,
         duration: seconds(args.duration, "duration")?,
         busy_poll: args.busy_poll,
+        in_order: !args.no_in_order,
         ctrl: args.ctrl,
         dim: args.dim == "on",
         queue_size: args.queue_size,
         burst: args.burst.max(1),
         avail_per_burst: args.avail_per_burst,
         connect_wait: seconds(args.connect_wait, "connect-wait")?,
+        reconnect: if args.reconnect {
+            Some(seconds(args.reconnect_limit, "reconnect-limit")?)
+        } else {
+            None
+        },
     };
     let json = args.json;
     // Rate lines are the progress: on stdout, or on stderr when stdout carries the JSON.

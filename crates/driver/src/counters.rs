@@ -31,6 +31,10 @@ vnet::counters! {
         /// tx: frames sent with checksum offload (NEEDS_CSUM) and with segmentation offload (GSO).
         csum_offloaded,
         gso_offloaded,
+        /// tx: frames in flight taken back without the device (`TxQueue::abandon`, when gen's
+        /// connection is lost): the device went away before completing them, or completed them
+        /// unseen if not reclaimed first.
+        abandoned,
     }
 }
 

@@ -431,6 +431,26 @@ impl Connection {
         Ok(())
     }
 
+    /// Waits up to `timeout` for the backend to close the connection, and returns whether it
+    /// did: end of file or an error on the vhost-user socket, which is how a backend that
+    /// exited or was killed shows (its kick and call eventfds do not: an eventfd has no peer,
+    /// so kicks still succeed and calls just stop). After the handshake a backend sends
+    /// nothing unasked, so a readable socket means it closed; bytes it sends anyway are left
+    /// unread, and the wait sleeps out its time.
+    pub fn wait_closed(&self, timeout: Duration) -> bool {
+        let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+        if !virtnet_sys::wait_readable(self.raw.as_raw_fd(), ms) {
+            return false;
+        }
+        match virtnet_sys::peek(&self.raw, &mut [0u8; 1]) {
+            Ok(0) | Err(_) => true,
+            Ok(_) => {
+                std::thread::sleep(timeout);
+                false
+            }
+        }
+    }
+
     /// The status last set with [`Connection::set_status`].
     pub fn status(&self) -> u8 {
         self.status

@@ -22,7 +22,7 @@ use vring::Features;
 
 use crate::counters::CountersSnapshot;
 use crate::ctrl::{CtrlMode, CtrlSnapshot};
-use crate::dim::{DimDispatch, DimSnapshot, RxDim, DEFAULT_PROFILE, RX_PROFILES};
+use crate::dim::{DimCounters, DimDispatch, DimSnapshot, RxDim, DEFAULT_PROFILE, RX_PROFILES};
 use crate::offload::TxOffloads;
 use crate::{DriverConfig, DriverError, NetDriver, TxPolicy, DEFAULT_FEATURES};
 pub mod frames;
@@ -31,7 +31,7 @@ mod worker;
 
 use frames::{Flow, Proto};
 pub use histogram::Histogram;
-use worker::worker;
+use worker::{worker, WorkerResult};
 
 /// What each pair's thread does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -82,6 +82,8 @@ pub struct GenConfig {
     pub duration: Duration,
     /// Spin on the rings instead of sleeping on the call eventfds.
     pub busy_poll: bool,
+    /// Ask for VIRTIO_F_IN_ORDER (taken when the device offers it); off for A/B runs.
+    pub in_order: bool,
     pub ctrl: CtrlMode,
     pub dim: bool,
     pub queue_size: u16,
@@ -93,10 +95,22 @@ pub struct GenConfig {
     /// How long to keep retrying the connection.
     #[serde(serialize_with = "as_secs")]
     pub connect_wait: Duration,
+    /// When the backend closes the connection, connect again for up to this long after the
+    /// loss (backing off from [`RECONNECT_FIRST`] to [`RECONNECT_MAX`] between attempts) and
+    /// resume; None: the run ends with [`GenError::ConnectionLost`].
+    #[serde(serialize_with = "as_opt_secs")]
+    pub reconnect: Option<Duration>,
 }
 
 fn as_secs<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_f64(d.as_secs_f64())
+}
+
+fn as_opt_secs<S: serde::Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+    match d {
+        Some(d) => s.serialize_f64(d.as_secs_f64()),
+        None => s.serialize_none(),
+    }
 }
 
 impl Default for GenConfig {
@@ -109,6 +123,7 @@ impl Default for GenConfig {
             queues: 1,
             duration: Duration::from_secs(10),
             busy_poll: false,
+            in_order: true,
             ctrl: CtrlMode::Irq,
             dim: false,
             queue_size: 256,
@@ -116,6 +131,7 @@ impl Default for GenConfig {
             #[cfg(feature = "experiments")]
             avail_per_burst: false,
             connect_wait: Duration::from_secs(2),
+            reconnect: None,
         }
     }
 }
@@ -138,6 +154,18 @@ pub enum GenError {
     Broken { reason: String },
     #[error("cannot start a thread: {0}")]
     Thread(String),
+    #[error("the backend closed the connection {after_s:.1} s into the run")]
+    ConnectionLost { after_s: f64 },
+    #[error(
+        "the backend closed the connection {lost_at_s:.1} s into the run, and {attempts} \
+         attempts to connect again within {limit_s:.1} s failed; the last: {last}"
+    )]
+    ReconnectFailed {
+        lost_at_s: f64,
+        attempts: u32,
+        limit_s: f64,
+        last: String,
+    },
 }
 
 /// Rates over one interval (per second) or over the whole run.
@@ -187,8 +215,10 @@ struct Totals {
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct PairReport {
     pub pair: u16,
+    /// Summed over every connection of the run (see `GenConfig::reconnect`).
     pub tx: CountersSnapshot,
     pub rx: CountersSnapshot,
+    /// The last connection's DIM.
     pub dim: Option<DimSnapshot>,
     /// CPU time of the pair's thread.
     pub cpu_s: f64,
@@ -221,12 +251,15 @@ pub struct GenReport {
     pub elapsed_s: f64,
     pub per_pair: Vec<PairReport>,
     pub latency: Option<Latency>,
+    /// The last connection's control queue.
     pub ctrl: Option<CtrlSnapshot>,
     /// CPU time of the generator threads over the run, in percent of one CPU.
     pub cpu_pct: f64,
     /// CPU time spent on control commands outside the generator threads: the interrupt-mode
     /// reaper, or the polling-mode DIM worker, in seconds.
     pub ctrl_cpu_s: f64,
+    /// Connections lost and made again (`reconnect`), in order.
+    pub reconnects: Vec<Reconnect>,
 }
 
 /// What the super-frames of a `--gso` run were.
@@ -242,8 +275,8 @@ pub struct GsoSummary {
     pub segments: u32,
 }
 
-/// The features to ask for: the defaults (without EVENT_IDX when busy polling), and the
-/// offloads that `gso` needs.
+/// The features to ask for: the defaults (without EVENT_IDX when busy polling, without
+/// IN_ORDER when told), and the offloads that `gso` needs.
 fn wanted_features(config: &GenConfig) -> Features {
     // A busy-polling driver needs no notifications: without EVENT_IDX the device skips the
     // event-index bookkeeping (as with DPDK's virtio-user, which never offers it).
@@ -252,6 +285,9 @@ fn wanted_features(config: &GenConfig) -> Features {
     } else {
         DEFAULT_FEATURES
     };
+    if !config.in_order {
+        f = f.difference(Features::IN_ORDER);
+    }
     if let Some(g) = config.gso {
         f = f | feature::CSUM;
         f = f | match (g.proto, g.ipv6) {
@@ -318,15 +354,30 @@ fn tx_frame(
     Ok((frame, hdr, Some(summary)))
 }
 
-/// Connects, runs the traffic for `config.duration`, calling `on_second` with each
-/// one-second rate line, and returns the report.
-pub fn run(config: &GenConfig, on_second: &mut dyn FnMut(&Rates)) -> Result<GenReport, GenError> {
-    check_options(config)?;
-    if config.queues == 0 {
-        return Err(GenError::Options("--queues must be at least 1".into()));
-    }
+/// `--reconnect`'s back-off: the first attempt this long after the loss, the wait between
+/// attempts doubling up to [`RECONNECT_MAX`]. A refused connect to a unix socket costs next
+/// to nothing, so the cap is low: the gap is at most that much longer than the outage.
+pub const RECONNECT_FIRST: Duration = Duration::from_millis(100);
+pub const RECONNECT_MAX: Duration = Duration::from_millis(500);
+
+/// One lost connection (`--reconnect`) and how it ended.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Reconnect {
+    /// Seconds from the start to when the loss was seen.
+    pub lost_at_s: f64,
+    /// Seconds from the loss until the queues ran again on a new connection; None if the
+    /// run ended first.
+    pub gap_s: Option<f64>,
+    /// Connection attempts, the one that succeeded included.
+    pub attempts: u32,
+    /// tx frames in flight on the lost connection, abandoned with its rings.
+    pub abandoned: u64,
+}
+
+/// The settings of the driver `run` connects with.
+fn driver_config(config: &GenConfig) -> DriverConfig {
     let use_ctrl = config.queues > 1 || config.dim;
-    let dcfg = DriverConfig {
+    DriverConfig {
         pairs: config.queues,
         queue_size: config.queue_size,
         features: wanted_features(config),
@@ -337,83 +388,334 @@ pub fn run(config: &GenConfig, on_second: &mut dyn FnMut(&Rates)) -> Result<GenR
         #[cfg(feature = "experiments")]
         avail_per_burst: config.avail_per_burst,
         ..Default::default()
-    };
-    let mut driver = NetDriver::connect(&config.socket, &dcfg)?;
-    let features = driver.features();
-    if config.dim && !features.contains(feature::VQ_NOTF_COAL) {
-        return Err(GenError::Negotiation {
-            feature: "VQ_NOTF_COAL",
-            what: "--dim on",
-        });
     }
-    let mut pairs = driver.take_pairs();
-    let mut dims = Vec::new();
-    let mut dim_dispatch = None;
-    if config.dim {
-        let Some(ctrl) = driver.ctrl().cloned() else {
+}
+
+type PairThread = std::thread::JoinHandle<Result<WorkerResult, DriverError>>;
+
+/// One connection's part of a run: the connected device and a thread per pair.
+struct Session {
+    driver: NetDriver,
+    threads: Vec<(u16, PairThread)>,
+    stop: Arc<AtomicBool>,
+    lost: Arc<AtomicBool>,
+    dims: Vec<Arc<DimCounters>>,
+    dim_dispatch: Option<DimDispatch>,
+    reaper_cpu0: u64,
+    gso: Option<GsoSummary>,
+}
+
+/// What a session leaves when it ends.
+struct SessionEnd {
+    /// Per pair: (rx, tx) counters, DIM's, thread CPU time and rr frames lost.
+    pairs: Vec<(
+        CountersSnapshot,
+        CountersSnapshot,
+        Option<DimSnapshot>,
+        u64,
+        u64,
+    )>,
+    histogram: Histogram,
+    ctrl: Option<CtrlSnapshot>,
+    ctrl_cpu_ns: u64,
+    error: Option<GenError>,
+}
+
+impl Session {
+    /// Sets the device up for `config` (DIM, the frame) and starts a thread per pair.
+    fn start(
+        mut driver: NetDriver,
+        config: &GenConfig,
+        round_trips: &[Arc<crate::counters::Counter>],
+    ) -> Result<Session, GenError> {
+        let features = driver.features();
+        if config.dim && !features.contains(feature::VQ_NOTF_COAL) {
             return Err(GenError::Negotiation {
-                feature: "CTRL_VQ",
+                feature: "VQ_NOTF_COAL",
                 what: "--dim on",
             });
-        };
-        // Start every rx queue at DIM's default profile, so device and DIM agree.
-        for p in &pairs {
-            driver.set_vq_coalesce(p.rx.vq(), RX_PROFILES[DEFAULT_PROFILE])?;
         }
-        let dispatch = DimDispatch::for_queue(&ctrl);
-        dim_dispatch = Some(dispatch.clone());
-        for p in pairs.iter_mut() {
-            let dim = RxDim::new(p.rx.vq(), dispatch.clone(), DEFAULT_PROFILE);
-            dims.push(dim.counters.clone());
-            p.rx.attach_dim(dim);
+        let mut pairs = driver.take_pairs();
+        let mut dims = Vec::new();
+        let mut dim_dispatch = None;
+        if config.dim {
+            let Some(ctrl) = driver.ctrl().cloned() else {
+                return Err(GenError::Negotiation {
+                    feature: "CTRL_VQ",
+                    what: "--dim on",
+                });
+            };
+            // Start every rx queue at DIM's default profile, so device and DIM agree.
+            for p in &pairs {
+                driver.set_vq_coalesce(p.rx.vq(), RX_PROFILES[DEFAULT_PROFILE])?;
+            }
+            let dispatch = DimDispatch::for_queue(&ctrl);
+            dim_dispatch = Some(dispatch.clone());
+            for p in pairs.iter_mut() {
+                let dim = RxDim::new(p.rx.vq(), dispatch.clone(), DEFAULT_PROFILE);
+                dims.push(dim.counters.clone());
+                p.rx.attach_dim(dim);
+            }
         }
+        let dst = driver.mac().unwrap_or([0x02, 0, 0, 0, 0, 0x02]);
+        let src = [0x02, 0, 0, 0, 0, 0x01];
+        let offloads = TxOffloads::from_features(features);
+        let mtu = driver.mtu().unwrap_or(1500);
+        let (frame, hdr, gso) = tx_frame(config, dst, src, offloads, mtu)?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let lost = Arc::new(AtomicBool::new(false));
+        let reaper_cpu0 = driver.ctrl().map_or(0, |c| c.reaper_cpu_ns());
+        let mut threads = Vec::new();
+        for (p, rt) in pairs.into_iter().zip(round_trips) {
+            let (stop_t, lost_t) = (stop.clone(), lost.clone());
+            let (rt, cfg, frame) = (rt.clone(), config.clone(), frame.clone());
+            let pair = p.pair;
+            let spawned = std::thread::Builder::new()
+                .name(format!("gen-pair{pair}"))
+                .spawn(move || worker(p, &cfg, frame, hdr, &stop_t, &lost_t, &rt));
+            match spawned {
+                Ok(t) => threads.push((pair, t)),
+                Err(e) => {
+                    stop.store(true, Relaxed);
+                    for (_, t) in threads {
+                        let _ = t.join();
+                    }
+                    return Err(GenError::Thread(e.to_string()));
+                }
+            }
+        }
+        Ok(Session {
+            driver,
+            threads,
+            stop,
+            lost,
+            dims,
+            dim_dispatch,
+            reaper_cpu0,
+            gso,
+        })
     }
-    let dst = driver.mac().unwrap_or([0x02, 0, 0, 0, 0, 0x02]);
-    let src = [0x02, 0, 0, 0, 0, 0x01];
-    let offloads = TxOffloads::from_features(features);
-    let (frame, hdr, gso) = tx_frame(config, dst, src, offloads, driver.mtu().unwrap_or(1500))?;
-    let stop = Arc::new(AtomicBool::new(false));
-    let round_trips: Vec<Arc<crate::counters::Counter>> = pairs
-        .iter()
+
+    /// (rx, tx) counters of each pair now.
+    fn counters(&self) -> Vec<(CountersSnapshot, CountersSnapshot)> {
+        let c = self.driver.counters();
+        c.iter()
+            .map(|(rx, tx)| (rx.snapshot(), tx.snapshot()))
+            .collect()
+    }
+
+    fn any_thread_finished(&self) -> bool {
+        self.threads.iter().any(|(_, t)| t.is_finished())
+    }
+
+    /// Stops the threads and collects what they counted. With `lost` the device is gone:
+    /// the threads take their buffers back instead of draining them.
+    fn finish(self, lost: bool) -> SessionEnd {
+        self.lost.store(lost, Relaxed);
+        self.stop.store(true, Relaxed);
+        let mut end = SessionEnd {
+            pairs: Vec::new(),
+            histogram: Histogram::default(),
+            ctrl: None,
+            ctrl_cpu_ns: 0,
+            error: None,
+        };
+        let mut results = Vec::new();
+        for (pair, t) in self.threads {
+            match t.join() {
+                Ok(Ok(r)) => results.push((pair, r)),
+                Ok(Err(e)) => {
+                    end.error.get_or_insert(GenError::Queue { pair, source: e });
+                }
+                Err(_) => {
+                    let e = GenError::Thread(format!("pair {pair}'s thread panicked"));
+                    end.error.get_or_insert(e);
+                }
+            }
+        }
+        // After the joins: the counters include the drain (or what was abandoned).
+        let counters = self.driver.counters();
+        for (pair, r) in results {
+            end.histogram.merge(&r.histogram);
+            let (rx, tx) = &counters[pair as usize];
+            let dim = self.dims.get(pair as usize).map(|d| d.snapshot());
+            end.pairs
+                .push((rx.snapshot(), tx.snapshot(), dim, r.cpu_ns, r.lost));
+        }
+        end.ctrl = self.driver.ctrl().map(|c| c.counters());
+        end.ctrl_cpu_ns = self
+            .driver
+            .ctrl()
+            .map_or(0, |c| c.reaper_cpu_ns())
+            .saturating_sub(self.reaper_cpu0)
+            + self.dim_dispatch.map_or(0, |d| d.worker_cpu_ns());
+        end
+    }
+}
+
+/// While disconnected (`--reconnect`): when to try next, and since when.
+struct Retry {
+    since: Instant,
+    next: Instant,
+    wait: Duration,
+    last_error: String,
+}
+
+/// Connects, runs the traffic for `config.duration`, calling `on_second` with each
+/// one-second rate line, and returns the report.
+///
+/// The backend closing the connection (its vhost-user socket reaching end of file: the
+/// process exited or was killed) ends the run with [`GenError::ConnectionLost`], or with
+/// `config.reconnect` the pairs' threads stop, the frames in flight are abandoned with the
+/// rings, and the run connects again (after [`RECONNECT_FIRST`], doubling up to
+/// [`RECONNECT_MAX`]) until the limit, renegotiates, and resumes the same traffic on fresh
+/// rings; its counters go on across connections.
+pub fn run(config: &GenConfig, on_second: &mut dyn FnMut(&Rates)) -> Result<GenReport, GenError> {
+    check_options(config)?;
+    if config.queues == 0 {
+        return Err(GenError::Options("--queues must be at least 1".into()));
+    }
+    let dcfg = driver_config(config);
+    let round_trips: Vec<Arc<crate::counters::Counter>> = (0..config.queues)
         .map(|_| Arc::new(crate::counters::Counter::default()))
         .collect();
-    let reaper_cpu0 = driver.ctrl().map_or(0, |c| c.reaper_cpu_ns());
+    let driver = NetDriver::connect(&config.socket, &dcfg)?;
+    let features = driver.features();
+    let pairs = driver.pairs();
+    let mut session = Some(Session::start(driver, config, &round_trips)?);
     let started = Instant::now();
-    let threads: Vec<_> = pairs
-        .into_iter()
-        .zip(&round_trips)
-        .map(|(p, rt)| {
-            let (stop, rt, cfg) = (stop.clone(), rt.clone(), config.clone());
-            let frame = frame.clone();
-            let pair = p.pair;
-            std::thread::Builder::new()
-                .name(format!("gen-pair{pair}"))
-                .spawn(move || worker(p, &cfg, frame, hdr, &stop, &rt))
-                .map(|t| (pair, t))
-                .map_err(|e| GenError::Thread(e.to_string()))
-        })
-        .collect::<Result<_, _>>()?;
-
-    let totals = |driver: &NetDriver| {
+    // What the connections before this one counted, per pair.
+    let mut done = vec![PairReport::default(); pairs as usize];
+    let mut hist = Histogram::default();
+    let mut ctrl = None;
+    let mut ctrl_cpu_ns = 0;
+    let mut gso = session.as_ref().and_then(|s| s.gso);
+    let mut reconnects: Vec<Reconnect> = Vec::new();
+    let mut retry: Option<Retry> = None;
+    let mut fold = |end: SessionEnd, done: &mut Vec<PairReport>| {
+        for (p, (rx, tx, dim, cpu_ns, lost)) in done.iter_mut().zip(end.pairs) {
+            p.rx.accumulate(&rx);
+            p.tx.accumulate(&tx);
+            p.dim = dim.or(p.dim);
+            p.cpu_s += cpu_ns as f64 / 1e9;
+            p.lost += lost;
+        }
+        hist.merge(&end.histogram);
+        ctrl = end.ctrl.or(ctrl);
+        ctrl_cpu_ns += end.ctrl_cpu_ns;
+        end.error
+    };
+    let totals = |session: &Option<Session>, done: &[PairReport]| {
         let mut t = Totals::default();
-        for (rx, tx) in driver.counters() {
-            t.rx.accumulate(&rx.snapshot());
-            t.tx.accumulate(&tx.snapshot());
+        for p in done {
+            t.rx.accumulate(&p.rx);
+            t.tx.accumulate(&p.tx);
+        }
+        for (rx, tx) in session.iter().flat_map(|s| s.counters()) {
+            t.rx.accumulate(&rx);
+            t.tx.accumulate(&tx);
         }
         t.round_trips = round_trips.iter().map(|c| c.get()).sum();
         t
     };
     let mut seconds = Vec::new();
-    let mut last = totals(&driver);
+    let mut last = totals(&session, &done);
     let mut last_at = started;
     let first = last.clone();
     let end = started + config.duration;
     let mut broken = None;
-    while Instant::now() < end {
-        let next = (last_at + Duration::from_secs(1)).min(end);
-        std::thread::sleep(next.saturating_duration_since(Instant::now()));
+    loop {
         let now = Instant::now();
-        let t = totals(&driver);
+        if now >= end {
+            break;
+        }
+        let tick = (last_at + Duration::from_secs(1)).min(end);
+        if let Some(s) = &session {
+            if s.driver
+                .connection()
+                .wait_closed(tick.saturating_duration_since(now))
+            {
+                let lost_at = Instant::now();
+                let after_s = (lost_at - started).as_secs_f64();
+                let Some(s) = session.take() else {
+                    unreachable!("matched just above")
+                };
+                let before: u64 = done.iter().map(|p| p.tx.abandoned).sum();
+                if let Some(e) = fold(s.finish(true), &mut done) {
+                    return Err(e);
+                }
+                if config.reconnect.is_none() {
+                    return Err(GenError::ConnectionLost { after_s });
+                }
+                let abandoned = done.iter().map(|p| p.tx.abandoned).sum::<u64>() - before;
+                tracing::warn!(
+                    after_s,
+                    abandoned,
+                    "the backend closed the connection; reconnecting"
+                );
+                reconnects.push(Reconnect {
+                    lost_at_s: after_s,
+                    gap_s: None,
+                    attempts: 0,
+                    abandoned,
+                });
+                retry = Some(Retry {
+                    since: lost_at,
+                    next: lost_at + RECONNECT_FIRST,
+                    wait: RECONNECT_FIRST,
+                    last_error: String::new(),
+                });
+                continue;
+            }
+        } else if let (Some(r), Some(limit)) = (retry.as_mut(), config.reconnect) {
+            if now < r.next {
+                std::thread::sleep(r.next.min(tick) - now);
+            } else {
+                let Some(rc) = reconnects.last_mut() else {
+                    unreachable!("a retry follows a loss")
+                };
+                rc.attempts += 1;
+                let dcfg = DriverConfig {
+                    connect_wait: Duration::ZERO,
+                    ..dcfg.clone()
+                };
+                let attempt = NetDriver::connect(&config.socket, &dcfg)
+                    .map_err(GenError::from)
+                    .and_then(|d| Session::start(d, config, &round_trips));
+                match attempt {
+                    Ok(s) => {
+                        let gap = r.since.elapsed();
+                        rc.gap_s = Some(gap.as_secs_f64());
+                        tracing::info!(
+                            gap_ms = gap.as_millis() as u64,
+                            attempts = rc.attempts,
+                            "connected again"
+                        );
+                        gso = s.gso.or(gso);
+                        session = Some(s);
+                        retry = None;
+                    }
+                    Err(e) => {
+                        r.last_error = e.to_string();
+                        if r.since.elapsed() + r.wait > limit {
+                            return Err(GenError::ReconnectFailed {
+                                lost_at_s: rc.lost_at_s,
+                                attempts: rc.attempts,
+                                limit_s: limit.as_secs_f64(),
+                                last: r.last_error.clone(),
+                            });
+                        }
+                        r.next = Instant::now() + r.wait;
+                        r.wait = (r.wait * 2).min(RECONNECT_MAX);
+                    }
+                }
+            }
+        }
+        let now = Instant::now();
+        if now < tick {
+            continue;
+        }
+        let t = totals(&session, &done);
         let line = Rates::between(
             &last,
             &t,
@@ -426,44 +728,21 @@ pub fn run(config: &GenConfig, on_second: &mut dyn FnMut(&Rates)) -> Result<GenR
             broken = Some(b);
             break;
         }
-        if threads.iter().any(|(_, t)| t.is_finished()) {
+        if session.as_ref().is_some_and(|s| s.any_thread_finished()) {
             break;
         }
         last = t;
         last_at = now;
     }
     let elapsed = started.elapsed();
-    stop.store(true, Relaxed);
-    let mut per_pair = Vec::new();
-    let mut hist = Histogram::default();
-    let mut cpu_ns = 0;
-    let mut first_err = None;
-    let end_totals = totals(&driver);
-    for (pair, t) in threads {
-        match t.join() {
-            Ok(Ok(r)) => {
-                hist.merge(&r.histogram);
-                cpu_ns += r.cpu_ns;
-                let (rx, tx) = &driver.counters()[pair as usize];
-                per_pair.push(PairReport {
-                    pair,
-                    tx: tx.snapshot(),
-                    rx: rx.snapshot(),
-                    dim: dims.get(pair as usize).map(|d| d.snapshot()),
-                    cpu_s: r.cpu_ns as f64 / 1e9,
-                    lost: r.lost,
-                });
-            }
-            Ok(Err(e)) => {
-                first_err.get_or_insert(GenError::Queue { pair, source: e });
-            }
-            Err(_) => {
-                first_err.get_or_insert(GenError::Thread(format!("pair {pair}'s thread panicked")));
-            }
+    let end_totals = totals(&session, &done);
+    let (features, pairs) = session.as_ref().map_or((features, pairs), |s| {
+        (s.driver.features(), s.driver.pairs())
+    });
+    if let Some(s) = session.take() {
+        if let Some(e) = fold(s.finish(false), &mut done) {
+            return Err(e);
         }
-    }
-    if let Some(e) = first_err {
-        return Err(e);
     }
     if let Some(reason) = broken {
         return Err(GenError::Broken { reason });
@@ -474,24 +753,24 @@ pub fn run(config: &GenConfig, on_second: &mut dyn FnMut(&Rates)) -> Result<GenR
         elapsed.as_secs_f64(),
         elapsed.as_secs_f64(),
     );
+    let cpu_s: f64 = done.iter().map(|p| p.cpu_s).sum();
+    for (i, p) in done.iter_mut().enumerate() {
+        p.pair = i as u16;
+    }
     Ok(GenReport {
         config: config.clone(),
         features: features.to_string(),
-        pairs: driver.pairs(),
+        pairs,
         gso,
         seconds,
         summary,
         elapsed_s: elapsed.as_secs_f64(),
-        per_pair,
+        per_pair: done,
         latency: (config.mode == Mode::Rr).then(|| hist.latency()),
-        ctrl: driver.ctrl().map(|c| c.counters()),
-        cpu_pct: cpu_ns as f64 / 1e9 / elapsed.as_secs_f64().max(1e-9) * 100.0,
-        ctrl_cpu_s: (driver
-            .ctrl()
-            .map_or(0, |c| c.reaper_cpu_ns())
-            .saturating_sub(reaper_cpu0)
-            + dim_dispatch.map_or(0, |d| d.worker_cpu_ns())) as f64
-            / 1e9,
+        ctrl,
+        cpu_pct: cpu_s / elapsed.as_secs_f64().max(1e-9) * 100.0,
+        ctrl_cpu_s: ctrl_cpu_ns as f64 / 1e9,
+        reconnects,
     })
 }
 
@@ -564,6 +843,27 @@ impl GenReport {
                 o,
                 "  round trips {} ({:.0}/s): min {:.1} us  p50 {:.1} us  p99 {:.1} us  p99.9 {:.1} us  max {:.1} us",
                 l.samples, s.rtt_per_s, l.min_us, l.p50_us, l.p99_us, l.p999_us, l.max_us
+            );
+        }
+        if !self.reconnects.is_empty() {
+            let each: Vec<String> = self
+                .reconnects
+                .iter()
+                .map(|r| {
+                    let back = r.gap_s.map_or("not back by the end".into(), |g| {
+                        format!("back after {g:.3} s")
+                    });
+                    format!(
+                        "lost at {:.1} s, {back} ({} attempts, {} tx frames abandoned)",
+                        r.lost_at_s, r.attempts, r.abandoned
+                    )
+                })
+                .collect();
+            let _ = writeln!(
+                o,
+                "  reconnects {}: {}",
+                self.reconnects.len(),
+                each.join("; ")
             );
         }
         if let Some(c) = &self.ctrl {

@@ -34,11 +34,14 @@ pub const CTRL_FEATURES: Features = Features(
         | feature::MQ.0,
 );
 
-/// The data-path features the driver asks for by default.
+/// The data-path features the driver asks for by default. IN_ORDER, when the device offers
+/// it, makes the queues reclaim in avail order with one used element read per batch (see
+/// `vring::driver`); without it they take used elements in any order.
 pub const DEFAULT_FEATURES: Features = Features(
     Features::VERSION_1.0
         | Features::RING_EVENT_IDX.0
         | Features::RING_INDIRECT_DESC.0
+        | Features::IN_ORDER.0
         | feature::MRG_RXBUF.0
         | feature::MAC.0
         | feature::MTU.0

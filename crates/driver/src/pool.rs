@@ -11,7 +11,7 @@ pub(crate) struct BufPool {
     pub(crate) buf_len: u32,
     /// Free slots. rx takes the oldest (FIFO, with the engine's FIFO descriptor reuse, so a
     /// buffer goes back to the descriptor and avail entry it had); tx the newest, whose
-    /// lines are likeliest still in our cache.
+    /// lines are likeliest still in our cache, or with IN_ORDER the oldest, as rx.
     pub(crate) free: std::collections::VecDeque<u16>,
 }
 

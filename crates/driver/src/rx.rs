@@ -502,6 +502,17 @@ impl RxQueue {
         }
     }
 
+    /// Takes back every posted buffer without the device, for a device that is gone (the
+    /// connection to it lost): the ring is left empty, as after activation. Returns how many
+    /// buffers it held.
+    pub fn abandon(&mut self) -> usize {
+        let slots = self.q.detach_unused();
+        let n = slots.len();
+        self.pool.free.extend(slots);
+        self.prefetched = 0;
+        n
+    }
+
     /// Blocks until the call eventfd fires or `timeout_ms` passes (negative: forever);
     /// counts the interrupt.
     pub fn wait(&mut self, timeout_ms: i32) -> bool {

@@ -17,7 +17,7 @@ pub struct QueueConfig {
 
 impl QueueConfig {
     /// `size` must be a power of two from 1 to 32768; `features` are the negotiated ones (the
-    /// ring cares about EVENT_IDX, INDIRECT_DESC and NOTIFY_ON_EMPTY).
+    /// ring cares about EVENT_IDX, INDIRECT_DESC, NOTIFY_ON_EMPTY and IN_ORDER).
     pub fn new(size: u32, rings: RingAddresses, features: Features) -> Result<QueueConfig, Error> {
         Ok(QueueConfig {
             size: check_queue_size(size)?,
@@ -40,6 +40,9 @@ impl QueueConfig {
     }
     pub(crate) fn indirect(&self) -> bool {
         self.features.contains(Features::RING_INDIRECT_DESC)
+    }
+    pub(crate) fn in_order(&self) -> bool {
+        self.features.contains(Features::IN_ORDER)
     }
     pub(crate) fn notify_on_empty(&self) -> bool {
         self.features.contains(Features::NOTIFY_ON_EMPTY)

@@ -56,6 +56,14 @@ pub enum Error {
     UsedIdNotInFlight { id: u32 },
     #[error("used element {id} reports {len} bytes written into {max} writable bytes")]
     UsedLenTooLarge { id: u32, len: u32, max: u32 },
+    /// IN_ORDER: the element at the next used place names the last chain of a batch longer
+    /// than what the used index covers: the device used a chain before those made available
+    /// ahead of it, or skipped ahead past what it published.
+    #[error(
+        "used element id {id} ends an in-order batch of {batch} chains, but the used index \
+         covers only {used}: the device broke IN_ORDER"
+    )]
+    UsedIdOutOfOrder { id: u32, batch: u32, used: u16 },
 
     /// Every call after a protocol violation, until reset.
     #[error("queue is broken: {reason}")]
@@ -129,6 +137,7 @@ impl Error {
             | UsedIdOutOfRange { .. }
             | UsedIdNotInFlight { .. }
             | UsedLenTooLarge { .. }
+            | UsedIdOutOfOrder { .. }
             | Broken { .. } => ErrorKind::Peer,
             InvalidQueueSize { .. }
             | Misaligned { .. }

@@ -25,17 +25,19 @@ const RX_BUDGET: usize = 64;
 /// How long a sleeping thread waits before re-checking the stop flag.
 const IDLE_WAIT_MS: i32 = 10;
 
-/// One pair's thread, sending `frame` behind `hdr` (tx modes).
+/// One pair's thread, sending `frame` behind `hdr` (tx modes), until `stop`. With `lost` set
+/// as well the device is gone: what it holds is taken back here instead of drained.
 pub(super) fn worker(
     mut p: QueuePair,
     cfg: &GenConfig,
     frame: Vec<u8>,
     hdr: NetHdr,
     stop: &AtomicBool,
+    lost: &AtomicBool,
     round_trips: &crate::counters::Counter,
 ) -> Result<WorkerResult, DriverError> {
     let mut histogram = Histogram::default();
-    let mut lost = 0;
+    let mut lost_frames = 0;
     let mode = if cfg.busy_poll {
         PollMode::Busy
     } else {
@@ -80,10 +82,14 @@ pub(super) fn worker(
         Mode::Rr => {
             let mut seq: u64 = 0;
             let mut frame = frame;
-            while !stop.load(Relaxed) {
+            'frames: while !stop.load(Relaxed) {
                 seq += 1;
                 frame[42..50].copy_from_slice(&seq.to_le_bytes());
                 while !p.tx.send(&frame, hdr)? {
+                    // A device that stopped completing must not keep us past the stop.
+                    if stop.load(Relaxed) {
+                        break 'frames;
+                    }
                     wait_tx(&mut p, cfg.busy_poll)?;
                 }
                 let sent_at = Instant::now();
@@ -106,7 +112,7 @@ pub(super) fn worker(
                         break;
                     }
                     if Instant::now() >= deadline {
-                        lost += 1;
+                        lost_frames += 1;
                         break;
                     }
                     if n == 0 && !cfg.busy_poll {
@@ -115,6 +121,22 @@ pub(super) fn worker(
                 }
             }
         }
+    }
+    if lost.load(Relaxed) {
+        // What the device completed or filled before it went is in our memory: take it, so
+        // that only frames it never finished count as abandoned. Nobody will complete or fill
+        // the rest: the next connection starts on fresh rings.
+        p.tx.reclaim(usize::MAX)?;
+        if cfg.mode != Mode::TxOnly {
+            while rx_poll(&mut p.rx, RX_BUDGET)? == RX_BUDGET {}
+        }
+        p.tx.abandon();
+        p.rx.abandon();
+        return Ok(WorkerResult {
+            histogram,
+            cpu_ns: virtnet_sys::thread_cpu_ns(),
+            lost: lost_frames,
+        });
     }
     // Let the device finish what it took, so our counters and the peer's agree.
     p.tx.drain(Duration::from_secs(1))?;
@@ -133,7 +155,7 @@ pub(super) fn worker(
     Ok(WorkerResult {
         histogram,
         cpu_ns: virtnet_sys::thread_cpu_ns(),
-        lost,
+        lost: lost_frames,
     })
 }
 

@@ -70,6 +70,9 @@ impl Harness {
         if s.indirect {
             features = features | Features::RING_INDIRECT_DESC;
         }
+        if s.in_order {
+            features = features | Features::IN_ORDER;
+        }
         let mem = Arc::new(GuestMemory::anonymous(&[(GuestAddress(0), MEM_SIZE)]).unwrap());
         let rings = RingAddresses::contiguous(RING_BASE, s.size);
         assert!(RING_BASE.0 + RingAddresses::contiguous_len(s.size) <= INDIRECT_BASE.0);
@@ -183,7 +186,13 @@ impl Harness {
             }
             Op::Pop if !self.device_asleep => self.pop(),
             Op::AddUsed { pick, len } if !self.device_asleep && !self.held.is_empty() => {
-                let (token, chain) = self.held.remove(pick.index(self.held.len()));
+                // In order, the device uses the oldest chain it holds (popped first).
+                let at = if self.s.in_order {
+                    0
+                } else {
+                    pick.index(self.held.len())
+                };
+                let (token, chain) = self.held.remove(at);
                 let len = (*len as u64 % (chain.writable_len() + 1)) as u32;
                 self.add_used(token, &chain, len);
             }

@@ -17,7 +17,9 @@
 //!   the used entries it waits for;
 //! - in flag mode, exactly: kicks and notifications follow the flags the other side set;
 //! - no call fails other than with `QueueFull` or `EmptyChain`: a correct peer never breaks
-//!   the queue.
+//!   the queue;
+//! - with IN_ORDER (the device then uses chains in the order it popped them), the same, with
+//!   the driver's in-order reclaim.
 //!
 //! Sleeping and waiting are states of the model: a device asleep does nothing until a kick
 //! wakes it, a waiting driver only adds and kicks until a notification wakes it. Chains have 0
@@ -73,6 +75,7 @@ fn indirect_chains_are_never_longer_than_the_queue() {
         prefix_notify: PrefixNotify::Never,
         prefix_cb_disabled: false,
         fifo_reuse: false,
+        in_order: false,
     });
     let b = BufSpec { slot: 1, len: 100 };
     assert!(!h.driver.uses_indirect(3));

@@ -78,6 +78,9 @@ pub struct Setup {
     pub prefix_cb_disabled: bool,
     /// The driver reuses freed descriptors oldest first (`set_fifo_reuse`).
     pub fifo_reuse: bool,
+    /// VIRTIO_F_IN_ORDER: the device uses chains in the order it popped them, the driver
+    /// reclaims in avail order.
+    pub in_order: bool,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -141,9 +144,19 @@ pub fn setup() -> impl Strategy<Value = Setup> {
         prefix,
         any::<bool>(),
         any::<bool>(),
+        any::<bool>(),
     )
         .prop_map(
-            |(log2, event_idx, indirect, max_chain, (prefix, notify), cb_off, fifo_reuse)| Setup {
+            |(
+                log2,
+                event_idx,
+                indirect,
+                max_chain,
+                (prefix, notify),
+                cb_off,
+                fifo_reuse,
+                in_order,
+            )| Setup {
                 size: 1 << log2,
                 event_idx,
                 indirect,
@@ -152,6 +165,7 @@ pub fn setup() -> impl Strategy<Value = Setup> {
                 prefix_notify: notify,
                 prefix_cb_disabled: cb_off,
                 fifo_reuse,
+                in_order,
             },
         )
 }
