@@ -20,7 +20,8 @@ pub const PROTOCOL_FEATURES: VhostUserProtocolFeatures = VhostUserProtocolFeatur
     .union(VhostUserProtocolFeatures::REPLY_ACK)
     .union(VhostUserProtocolFeatures::CONFIG)
     .union(VhostUserProtocolFeatures::MTU)
-    .union(VhostUserProtocolFeatures::STATUS);
+    .union(VhostUserProtocolFeatures::STATUS)
+    .union(VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS);
 
 /// The virtio features the device offers (on top of vhost-user's PROTOCOL_FEATURES bit).
 /// The control queue features are for drivers that pass the control queue to us (ours, DPDK);

@@ -4,8 +4,9 @@
 //! Every value here comes from the frontend and is checked before use: queue indices against
 //! the queue count, sizes by `QueueConfig`, ring addresses by translation through the memory
 //! table and then by `DeviceQueue::activate`. A queue runs when it has a kick fd, an address,
-//! a memory table and is enabled; GET_VRING_BASE stops it; SET_MEM_TABLE quiesces and
-//! restarts the running queues around the swap.
+//! a memory table and is enabled; GET_VRING_BASE stops it; SET_MEM_TABLE, ADD_MEM_REG and
+//! REM_MEM_REG (CONFIGURE_MEM_SLOTS, memory hotplug) quiesce and restart the running queues
+//! around the swap.
 
 use std::fs::File;
 use std::sync::Arc;
@@ -21,7 +22,7 @@ use vhost::vhost_user::{
 };
 use vhost::VhostUserMemoryRegionBase;
 use vnet::feature;
-use vring::memory::RegionSource;
+use vring::memory::{RegionSource, MAX_REGIONS};
 use vring::{DeviceQueue, Features, GuestAddress, GuestMemory, QueueConfig, RingAddresses};
 
 use super::device::Device;
@@ -211,6 +212,27 @@ impl Connection {
         Ok(())
     }
 
+    /// Swaps the memory table: the running queues are quiesced (each one's batch published
+    /// and its posted buffers returned, as for GET_VRING_BASE), the memory replaced, and
+    /// they restart from where they stopped. A queue whose rings the new memory no longer
+    /// holds stays stopped until a table that holds them arrives, as does one whose kick
+    /// and enable came before any memory.
+    fn replace_memory(&mut self, mem: Option<GuestMemory>) -> VuResult<()> {
+        let running: Vec<usize> = (0..self.vrings.len())
+            .filter(|&i| self.vrings[i].running)
+            .collect();
+        for &i in &running {
+            self.stop(i)?;
+        }
+        self.mem = mem.map(Arc::new);
+        for i in 0..self.vrings.len() {
+            if let Err(e) = self.try_start(i) {
+                tracing::warn!(queue = i, error = %e, "queue not started with the new memory");
+            }
+        }
+        Ok(())
+    }
+
     /// Stops every queue: the frontend went away or reset the device.
     pub fn stop_all(&mut self) {
         for i in 0..self.vrings.len() {
@@ -320,23 +342,7 @@ impl VhostUserBackendReqHandlerMut for Connection {
             tracing::warn!(error = %e, "memory table refused");
             VuError::InvalidParam
         })?;
-        // Quiesce the running queues, swap the memory, restart them from where they were.
-        let running: Vec<usize> = (0..self.vrings.len())
-            .filter(|&i| self.vrings[i].running)
-            .collect();
-        for &i in &running {
-            self.stop(i)?;
-        }
-        self.mem = Some(Arc::new(mem));
-        for &i in &running {
-            self.try_start(i)?;
-        }
-        // Queues whose kick and enable came before any memory table start now.
-        for i in (0..self.vrings.len()).filter(|i| !running.contains(i)) {
-            if let Err(e) = self.try_start(i) {
-                tracing::warn!(queue = i, error = %e, "queue not started with the new memory");
-            }
-        }
+        self.replace_memory(Some(mem))?;
         Ok(None)
     }
 
@@ -520,21 +526,55 @@ impl VhostUserBackendReqHandlerMut for Connection {
     }
 
     fn get_max_mem_slots(&mut self) -> VuResult<u64> {
-        self.must_disconnect = true;
-        Err(invalid("CONFIGURE_MEM_SLOTS not offered"))
+        Ok(MAX_REGIONS as u64)
     }
 
     fn add_mem_region(
         &mut self,
-        _region: &VhostUserSingleMemoryRegion,
-        _fd: File,
+        region: &VhostUserSingleMemoryRegion,
+        fd: File,
         _postcopy_listening: Option<bool>,
     ) -> VuResult<Option<VhostUserMemoryRegionBase>> {
-        Err(invalid("CONFIGURE_MEM_SLOTS not offered"))
+        // Copies: the message struct is packed.
+        let (guest, size, user) = (region.guest_phys_addr, region.memory_size, region.user_addr);
+        let source = RegionSource {
+            guest_addr: GuestAddress(guest),
+            size,
+            user_addr: user,
+            file: fd,
+            mmap_offset: region.mmap_offset,
+        };
+        let mem = match &self.mem {
+            Some(mem) => mem.with_region(source),
+            None => GuestMemory::from_sources(vec![source]),
+        }
+        .map_err(|e| {
+            let e = Error::protocol("ADD_MEM_REG")(e);
+            tracing::warn!(error = %e, guest, size, "memory region refused");
+            VuError::InvalidParam
+        })?;
+        self.replace_memory(Some(mem))?;
+        tracing::info!(guest, size, "memory region added");
+        Ok(None)
     }
 
-    fn remove_mem_region(&mut self, _region: &VhostUserSingleMemoryRegion) -> VuResult<()> {
-        Err(invalid("CONFIGURE_MEM_SLOTS not offered"))
+    fn remove_mem_region(&mut self, region: &VhostUserSingleMemoryRegion) -> VuResult<()> {
+        let (guest, size, user) = (region.guest_phys_addr, region.memory_size, region.user_addr);
+        let mem = self
+            .mem
+            .as_ref()
+            .ok_or(vring::Error::InvalidMemory {
+                reason: "no such region to remove",
+            })
+            .and_then(|mem| mem.without_region(GuestAddress(guest), size, user))
+            .map_err(|e| {
+                let e = Error::protocol("REM_MEM_REG")(e);
+                tracing::warn!(error = %e, guest, size, "memory region not removed");
+                VuError::InvalidParam
+            })?;
+        self.replace_memory(mem)?;
+        tracing::info!(guest, size, "memory region removed");
+        Ok(())
     }
 
     fn set_device_state_fd(
@@ -836,6 +876,113 @@ mod tests {
         // The same features again are fine (QEMU repeats SET_FEATURES).
         s.conn.set_features(Features::VERSION_1.0).unwrap();
         assert!(s.conn.vrings[TX0 as usize].running);
+    }
+
+    #[test]
+    fn memory_slots_are_offered_up_to_the_regions_memory_takes() {
+        let mut s = setup();
+        let p = s.conn.get_protocol_features().unwrap();
+        assert!(p.contains(VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS));
+        assert_eq!(s.conn.get_max_mem_slots().unwrap(), MAX_REGIONS as u64);
+        assert!(!s.conn.must_disconnect);
+    }
+
+    #[test]
+    fn regions_added_and_removed_while_tx_runs_carry_its_frames() {
+        let mut s = setup();
+        let front = Frontend::two_regions();
+        s.conn.set_features(Features::VERSION_1.0).unwrap();
+        // QEMU with CONFIGURE_MEM_SLOTS sends no memory table, only regions.
+        let (first, file) = front.region(0);
+        s.conn.add_mem_region(&first, file, None).unwrap();
+        let mut tx = front.set_up_tx0(&mut s.conn);
+        assert!(s.conn.vrings[TX0 as usize].running);
+        assert_eq!(tx.send(1), (1, 0));
+
+        // A region added under the running queue: a frame in it goes out.
+        let (second, file) = front.region(1);
+        s.conn.add_mem_region(&second, file, None).unwrap();
+        assert!(s.conn.vrings[TX0 as usize].running);
+        let hotplugged = GuestAddress(Frontend::HOTPLUG + 0x100);
+        assert_eq!(tx.send_from(hotplugged, 2), (2, 0));
+        let counters = s.device.counters(TX0 as usize);
+        assert_eq!(counters.packets.get(), 2);
+        assert!(!counters.is_broken());
+
+        // Removed again: the queue runs on. Then the region with its rings: it stops until
+        // they come back, and carries on from where it was.
+        s.conn.remove_mem_region(&second).unwrap();
+        assert!(s.conn.vrings[TX0 as usize].running);
+        assert_eq!(tx.send(3), (3, 0));
+        s.conn.remove_mem_region(&first).unwrap();
+        assert!(s.conn.mem.is_none());
+        assert!(!s.conn.vrings[TX0 as usize].running);
+        assert_eq!(s.conn.vrings[TX0 as usize].base, 3);
+        let (first, file) = front.region(0);
+        s.conn.add_mem_region(&first, file, None).unwrap();
+        assert!(s.conn.vrings[TX0 as usize].running);
+        assert_eq!(tx.send(4), (4, 0));
+        assert_eq!(counters.packets.get(), 4);
+        let state = s.conn.get_vring_base(TX0).unwrap();
+        let num = state.num;
+        assert_eq!(num, 4);
+    }
+
+    #[test]
+    fn hostile_region_requests_are_refused_and_change_nothing() {
+        let mut s = setup();
+        let front = Frontend::two_regions();
+        s.conn.set_features(Features::VERSION_1.0).unwrap();
+        let (first, file) = front.region(0);
+        s.conn.add_mem_region(&first, file, None).unwrap();
+        let mut tx = front.set_up_tx0(&mut s.conn);
+        let refused = |r: VuResult<()>| matches!(r, Err(VuError::InvalidParam));
+        let (second, file) = front.region(1);
+        let (g, size, user, off) = (
+            second.guest_phys_addr,
+            second.memory_size,
+            second.user_addr,
+            second.mmap_offset,
+        );
+        let region = VhostUserSingleMemoryRegion::new;
+        let cases = [
+            // The same region twice; one overlapping the first in guest, then in user space.
+            region(0, 0x1000, user, off),
+            region(g, size, first.user_addr + 0x1000, off),
+            // Zero bytes; past the end of its file; an address range that wraps.
+            region(g, 0, user, off),
+            region(g, size + 4096, user, off),
+            region(g, size, user, size),
+            region(u64::MAX - 4095, size, user, off),
+        ];
+        let add = |c: &mut Connection, r: &VhostUserSingleMemoryRegion, f: &File| {
+            c.add_mem_region(r, f.try_clone().unwrap(), None)
+                .map(|_| ())
+        };
+        assert!(
+            refused(add(&mut s.conn, &first, &file)),
+            "the same region twice"
+        );
+        for (i, r) in cases.iter().enumerate() {
+            assert!(refused(add(&mut s.conn, r, &file)), "case {i}");
+        }
+        // A region that is not one of ours is not removed: by address, size or user address.
+        for r in [
+            region(g, size, user, off),
+            region(0, 0x1000, first.user_addr, 0),
+            region(0, first.memory_size, first.user_addr + 1, 0),
+        ] {
+            assert!(refused(s.conn.remove_mem_region(&r)));
+        }
+        // Not a file that can be guest memory.
+        let dev = File::open("/dev/zero").unwrap();
+        assert!(refused(add(&mut s.conn, &second, &dev)));
+        assert!(!s.conn.must_disconnect);
+        // The memory is the one region, and tx0 runs on it.
+        let mem = s.conn.mem.as_ref().unwrap();
+        assert_eq!(mem.regions().count(), 1);
+        assert!(s.conn.vrings[TX0 as usize].running);
+        assert_eq!(tx.send(1), (1, 0));
     }
 
     #[test]
