@@ -574,9 +574,11 @@ pub trait SharedAtomic: sealed::Sealed + Sync + Send + 'static {}
 impl SharedAtomic for AtomicU16 {}
 impl SharedAtomic for AtomicU32 {}
 impl SharedAtomic for AtomicU64 {}
+mod dirty;
 mod fault;
 mod vectored;
 
+pub use dirty::{DirtyLog, LOG_PAGE};
 pub use fault::fault_count;
 pub use vectored::MAX_IOVECS;
 
