@@ -228,8 +228,9 @@ mod tests {
     #[test]
     fn a_frontend_sending_garbage_is_closed_and_the_device_serves_the_next() {
         let device = null_device();
-        let features =
-            device.offered_features().0 | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits();
+        let features = device.offered_features().0
+            | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
+            | vhost::LOG_ALL.0;
         let tx0 = QueueId::Tx(0);
 
         let (mut frontend, backend_end) = UnixStream::pair().unwrap();
