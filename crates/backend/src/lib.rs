@@ -5,6 +5,7 @@
 //! The parts, from the socket down (each uses only those below it):
 //! - [`session`]: accepting frontends and serving one connection's requests;
 //! - [`vhost`]: the vhost-user protocol state of a connection; [`status`]: SET/GET_STATUS;
+//!   [`rarp`]: SEND_RARP, the announcement after a live migration;
 //! - [`device`]: the device and its worker threads;
 //! - [`ctrlq`]: the control virtqueue (spec 5.1.6.5) on its own thread;
 //! - [`worker`]: the data path of one queue pair (turns, busy polling, sleeping);
@@ -30,6 +31,7 @@ pub mod fuzzing;
 pub mod host;
 pub mod metrics;
 pub mod queue;
+pub mod rarp;
 pub mod rx;
 pub mod session;
 pub mod shared;

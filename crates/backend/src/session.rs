@@ -11,7 +11,7 @@ use ::vhost::vhost_user::message::VhostUserProtocolFeatures;
 use ::vhost::vhost_user::{BackendReqHandler, Error as VuError};
 
 use super::device::Device;
-use super::{status, vhost};
+use super::{rarp, status, vhost};
 
 /// The vhost-user message layer of one connection, dispatching to its [`vhost::Connection`].
 pub type RequestHandler = BackendReqHandler<Mutex<vhost::Connection>>;
@@ -71,13 +71,18 @@ impl Session {
         let Some(handler) = self.handler.as_mut() else {
             return false;
         };
-        let (negotiated, reply_ack) = match self.conn.lock() {
+        let (negotiated, reply_ack, rarp) = match self.conn.lock() {
             Ok(c) => {
                 let p = c.acked_protocol();
                 let status = p.contains(VhostUserProtocolFeatures::STATUS);
-                (status, p.contains(VhostUserProtocolFeatures::REPLY_ACK))
+                let rarp = p.contains(VhostUserProtocolFeatures::RARP);
+                (
+                    status,
+                    p.contains(VhostUserProtocolFeatures::REPLY_ACK),
+                    rarp,
+                )
             }
-            Err(_) => (false, false),
+            Err(_) => (false, false, false),
         };
         // Read when GET_STATUS arrives, not before waiting for it.
         let conn = &self.conn;
@@ -92,7 +97,20 @@ impl Session {
                 shared.status_sets.store(self.status.sets, Relaxed);
                 true
             }
-            Ok(status::Handled::No) => serve_request(handler, &self.conn),
+            Ok(status::Handled::No) => {
+                match rarp::handle_next(&self.stream, rarp, reply_ack, &self.device) {
+                    Ok(status::Handled::No) => serve_request(handler, &self.conn),
+                    Ok(status::Handled::Yes) => true,
+                    Ok(status::Handled::Close(why)) => {
+                        tracing::warn!(why, "closing the connection");
+                        false
+                    }
+                    Err(e) => {
+                        tracing::info!(error = %e, "frontend disconnected");
+                        false
+                    }
+                }
+            }
             Ok(status::Handled::Close(why)) => {
                 tracing::warn!(why, "closing the connection");
                 false
