@@ -11,6 +11,7 @@
 //! - [`guest_survives_backend_restart`]: QEMU with `reconnect=1`; the backend process is killed
 //!   mid-traffic and restarted, and the guest's traffic resumes.
 //! - [`multi_queue_guest_uses_both_pairs`]: `--queues 2`, two vCPUs, traffic on both pairs.
+//! - [`migrate`]: memory hotplug, and live migration to another backend and on again.
 //! - [`figures_backend_vs_qemu_tap`] (ignored): TCG-bound figures, ours beside QEMU's own TAP
 //!   backend, A/B interleaved, medians (docs/PERFORMANCE.md).
 //!
@@ -23,6 +24,7 @@
 //! [`traffic`] is the guest's traffic script and the checks every traffic run must pass.
 
 mod host;
+mod migrate;
 mod stats;
 mod traffic;
 
