@@ -60,6 +60,11 @@ pub struct Connection {
     mem: Option<Arc<GuestMemory>>,
     /// The dirty log the frontend shared (SET_LOG_BASE): written while LOG_ALL is acked.
     log: Option<SharedLog>,
+    /// How many times each region of the memory (guest address, size, user address) was
+    /// added by ADD_MEM_REG: QEMU keeps a region table per queue pair and adds (and removes)
+    /// every region once per pair over the one connection. A region goes when the last of
+    /// them removes it.
+    region_refs: Vec<((u64, u64, u64), u32)>,
     vrings: Vec<VringSetup>,
     /// Set when a request that needs a reply failed: the frontend would wait forever for an
     /// answer we did not send, so the connection must close.
@@ -94,6 +99,7 @@ impl Connection {
             features_set: false,
             mem: None,
             log: None,
+            region_refs: Vec::new(),
             vrings: (0..n).map(|_| VringSetup::default()).collect(),
             must_disconnect: false,
             enable_before_features: false,
@@ -399,6 +405,10 @@ impl VhostUserBackendReqHandlerMut for Connection {
             tracing::warn!(error = %e, "memory table refused");
             VuError::InvalidParam
         })?;
+        self.region_refs = ctx
+            .iter()
+            .map(|r| ((r.guest_phys_addr, r.memory_size, r.user_addr), 1))
+            .collect();
         self.replace_memory(Some(mem))?;
         Ok(None)
     }
@@ -610,6 +620,12 @@ impl VhostUserBackendReqHandlerMut for Connection {
     ) -> VuResult<Option<VhostUserMemoryRegionBase>> {
         // Copies: the message struct is packed.
         let (guest, size, user) = (region.guest_phys_addr, region.memory_size, region.user_addr);
+        let key = (guest, size, user);
+        if let Some((_, refs)) = self.region_refs.iter_mut().find(|(k, _)| *k == key) {
+            // The same region from another queue pair's table: mapped already.
+            *refs += 1;
+            return Ok(None);
+        }
         let source = RegionSource {
             guest_addr: GuestAddress(guest),
             size,
@@ -627,12 +643,21 @@ impl VhostUserBackendReqHandlerMut for Connection {
             VuError::InvalidParam
         })?;
         self.replace_memory(Some(mem))?;
+        self.region_refs.push((key, 1));
         tracing::info!(guest, size, "memory region added");
         Ok(None)
     }
 
     fn remove_mem_region(&mut self, region: &VhostUserSingleMemoryRegion) -> VuResult<()> {
         let (guest, size, user) = (region.guest_phys_addr, region.memory_size, region.user_addr);
+        let key = (guest, size, user);
+        if let Some((_, refs)) = self.region_refs.iter_mut().find(|(k, _)| *k == key) {
+            if *refs > 1 {
+                // Another queue pair's table still has it.
+                *refs -= 1;
+                return Ok(());
+            }
+        }
         let mem = self
             .mem
             .as_ref()
@@ -646,6 +671,7 @@ impl VhostUserBackendReqHandlerMut for Connection {
                 VuError::InvalidParam
             })?;
         self.replace_memory(mem)?;
+        self.region_refs.retain(|(k, _)| *k != key);
         tracing::info!(guest, size, "memory region removed");
         Ok(())
     }
@@ -1038,6 +1064,38 @@ mod tests {
     }
 
     #[test]
+    fn a_region_every_queue_pair_added_stays_until_the_last_removes_it() {
+        let mut s = setup();
+        let front = Frontend::two_regions();
+        s.conn.set_features(Features::VERSION_1.0).unwrap();
+        // QEMU with two queue pairs: each pair's table adds each region.
+        for _ in 0..2 {
+            for i in 0..2 {
+                let (r, file) = front.region(i);
+                s.conn.add_mem_region(&r, file, None).unwrap();
+            }
+        }
+        assert_eq!(s.conn.mem.as_ref().unwrap().regions().count(), 2);
+        let mut tx = front.set_up_tx0(&mut s.conn);
+        let hotplugged = GuestAddress(Frontend::HOTPLUG + 0x100);
+        let (second, _) = front.region(1);
+        s.conn.remove_mem_region(&second).unwrap();
+        assert_eq!(
+            s.conn.mem.as_ref().unwrap().regions().count(),
+            2,
+            "one pair has it"
+        );
+        assert_eq!(tx.send_from(hotplugged, 1), (1, 0));
+        s.conn.remove_mem_region(&second).unwrap();
+        assert_eq!(s.conn.mem.as_ref().unwrap().regions().count(), 1);
+        assert!(matches!(
+            s.conn.remove_mem_region(&second),
+            Err(VuError::InvalidParam)
+        ));
+        assert_eq!(tx.send(2), (2, 0));
+    }
+
+    #[test]
     fn hostile_region_requests_are_refused_and_change_nothing() {
         let mut s = setup();
         let front = Frontend::two_regions();
@@ -1055,7 +1113,7 @@ mod tests {
         );
         let region = VhostUserSingleMemoryRegion::new;
         let cases = [
-            // The same region twice; one overlapping the first in guest, then in user space.
+            // Overlapping the first in guest space (at its address, smaller), in user space.
             region(0, 0x1000, user, off),
             region(g, size, first.user_addr + 0x1000, off),
             // Zero bytes; past the end of its file; an address range that wraps.
@@ -1068,10 +1126,6 @@ mod tests {
             c.add_mem_region(r, f.try_clone().unwrap(), None)
                 .map(|_| ())
         };
-        assert!(
-            refused(add(&mut s.conn, &first, &file)),
-            "the same region twice"
-        );
         for (i, r) in cases.iter().enumerate() {
             assert!(refused(add(&mut s.conn, r, &file)), "case {i}");
         }
