@@ -100,7 +100,7 @@ pub(crate) fn process_commands(shared: &Shared, q: &mut QueueRuntime, chain: &mu
             tracing::debug!(error = %e, "control command refused");
             c.ctrl_errors.add(1);
         }
-        if let Err(e) = q.queue.add_used(chain.head(), written) {
+        if let Err(e) = q.queue.add_used_written(chain, written) {
             break_queue(q, &e.into());
             return done;
         }

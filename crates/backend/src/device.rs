@@ -171,6 +171,24 @@ impl Device {
         Ok(())
     }
 
+    /// Announces `mac` after a live migration: a RARP broadcast from it out of the TAP, as
+    /// if the guest sent it (the first pair's queue, which is always active). Without a TAP
+    /// it is only logged; returns whether a frame went out.
+    pub fn announce(&self, mac: [u8; 6]) -> io::Result<bool> {
+        let mac_text = mac.map(|b| format!("{b:02x}")).join(":");
+        let Some(tap) = self.shared.taps.first() else {
+            tracing::info!(mac = %mac_text, "SEND_RARP: no TAP, nothing to announce on");
+            return Ok(false);
+        };
+        // The TAP expects the header length negotiated (10 before any features).
+        let hdr_len = vnet::hdr_len(Features(self.shared.features.load(Relaxed)));
+        let mut buf = vec![0u8; hdr_len];
+        buf.extend_from_slice(&super::rarp::frame(mac));
+        tap.write(&buf)?;
+        tracing::info!(mac = %mac_text, tap = tap.name(), "SEND_RARP: RARP announcement sent");
+        Ok(true)
+    }
+
     /// A new connection starts with every pair active and the default receive filter. The
     /// MTU stays as it is (the TAP's interface keeps it too): a frontend that wants another
     /// sends NET_SET_MTU.

@@ -1,8 +1,8 @@
 //! The requests rust-vmm `vhost` 0.18 knows but does not dispatch to a backend, answered
-//! before its message layer sees them: SET_STATUS and GET_STATUS ([`super::status`]) and
-//! NET_SET_MTU ([`super::mtu`]). Its handler answers them like unknown requests (an invalid
-//! message), and we would close the connection: a QEMU guest with `host_mtu` would lose its
-//! backend at boot.
+//! before its message layer sees them: SET_STATUS and GET_STATUS ([`super::status`]),
+//! NET_SET_MTU ([`super::mtu`]) and SEND_RARP ([`super::rarp`]). Its handler answers them like
+//! unknown requests (an invalid message), and we would close the connection: a QEMU guest
+//! with `host_mtu` would lose its backend at boot.
 //!
 //! The session peeks at each request header ([`Header::peek`]); for one of these it takes the
 //! whole message off the socket here, framed by [`vnet::vhost_wire`], and otherwise leaves it

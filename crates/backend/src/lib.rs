@@ -6,8 +6,8 @@
 //! - [`session`]: accepting frontends (or, in client mode, connecting to one) and serving one
 //!   connection's requests;
 //! - [`vhost`]: the vhost-user protocol state of a connection; [`intercept`]: the requests
-//!   its message layer does not dispatch, [`status`] (SET/GET_STATUS) and [`mtu`]
-//!   (NET_SET_MTU);
+//!   its message layer does not dispatch, [`status`] (SET/GET_STATUS), [`mtu`]
+//!   (NET_SET_MTU) and [`rarp`] (SEND_RARP, the announcement after a live migration);
 //! - [`device`]: the device and its worker threads;
 //! - [`ctrlq`]: the control virtqueue (spec 5.1.6.5) on its own thread;
 //! - [`worker`]: the data path of one queue pair (turns, busy polling, sleeping);
@@ -35,6 +35,7 @@ pub mod intercept;
 pub mod metrics;
 pub mod mtu;
 pub mod queue;
+pub mod rarp;
 pub mod rx;
 pub mod session;
 pub mod shared;

@@ -15,7 +15,7 @@ use ::vhost::vhost_user::{BackendReqHandler, Error as VuError};
 use super::device::Device;
 use super::intercept::{Handled, Header};
 use super::status::Status;
-use super::{mtu, status, vhost};
+use super::{mtu, rarp, status, vhost};
 
 /// The vhost-user message layer of one connection, dispatching to its [`vhost::Connection`].
 pub type RequestHandler = BackendReqHandler<Mutex<vhost::Connection>>;
@@ -129,6 +129,9 @@ impl Session {
         if hdr.is(FrontendReq::NET_SET_MTU) && acked.contains(VhostUserProtocolFeatures::MTU) {
             let shared = self.device.shared();
             return mtu::handle(&self.stream, &hdr, reply_ack, |m| shared.set_mtu(m));
+        }
+        if hdr.is(FrontendReq::SEND_RARP) && acked.contains(VhostUserProtocolFeatures::RARP) {
+            return rarp::handle(&self.stream, &hdr, reply_ack, &self.device);
         }
         Ok(Handled::No)
     }
@@ -461,8 +464,9 @@ mod tests {
     #[test]
     fn a_frontend_sending_garbage_is_closed_and_the_device_serves_the_next() {
         let device = null_device();
-        let features =
-            device.offered_features().0 | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits();
+        let features = device.offered_features().0
+            | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
+            | vhost::LOG_ALL.0;
         let tx0 = QueueId::Tx(0);
 
         let (mut frontend, backend_end) = UnixStream::pair().unwrap();

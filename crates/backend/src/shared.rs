@@ -16,13 +16,17 @@ use super::metrics::{QueueCounters, QueueTunables};
 use super::queue::QueueId;
 
 /// The vhost-user protocol features we implement. rust-vmm `vhost` 0.18 does not dispatch
-/// SET_STATUS/GET_STATUS or NET_SET_MTU to a backend: the session answers those itself
-/// (`intercept.rs`, with `status.rs` and `mtu.rs`).
+/// SET_STATUS/GET_STATUS, NET_SET_MTU or SEND_RARP to a backend: the session answers those
+/// itself (`intercept.rs`, with `status.rs`, `mtu.rs` and `rarp.rs`). LOG_SHMFD with the
+/// LOG_ALL feature bit is live migration's dirty log; CONFIGURE_MEM_SLOTS memory hotplug.
 pub const PROTOCOL_FEATURES: VhostUserProtocolFeatures = VhostUserProtocolFeatures::MQ
     .union(VhostUserProtocolFeatures::REPLY_ACK)
     .union(VhostUserProtocolFeatures::CONFIG)
     .union(VhostUserProtocolFeatures::MTU)
-    .union(VhostUserProtocolFeatures::STATUS);
+    .union(VhostUserProtocolFeatures::STATUS)
+    .union(VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS)
+    .union(VhostUserProtocolFeatures::LOG_SHMFD)
+    .union(VhostUserProtocolFeatures::RARP);
 
 /// The virtio features the device offers (on top of vhost-user's PROTOCOL_FEATURES bit).
 /// The control queue features are for drivers that pass the control queue to us (ours, DPDK);

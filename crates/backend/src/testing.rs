@@ -9,7 +9,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use testkit::{pair, Pair};
-use vhost::vhost_user::message::{VhostUserMemoryRegion, VhostUserVringAddrFlags};
+use vhost::vhost_user::message::{
+    VhostUserMemoryRegion, VhostUserSingleMemoryRegion, VhostUserVringAddrFlags,
+};
 use vhost::vhost_user::{Result as VuResult, VhostUserBackendReqHandlerMut};
 use virtnet_sys::PeerEventFd;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
@@ -140,10 +142,37 @@ impl Frontend {
         (Frontend { mem: Arc::new(mem) }, file)
     }
 
-    /// The frontend's virtual address of guest address `a`, as ring addresses are sent.
+    /// Guest address of the second region of [`Frontend::two_regions`].
+    pub const HOTPLUG: u64 = 0x10_0000;
+
+    /// A frontend with a second region of `MEM_SIZE` at [`Frontend::HOTPLUG`], for memory
+    /// hotplug: the test shares its regions one by one ([`Frontend::region`]).
+    pub fn two_regions() -> Frontend {
+        let layout = [
+            (GuestAddress(0), Self::MEM_SIZE),
+            (GuestAddress(Self::HOTPLUG), Self::MEM_SIZE),
+        ];
+        let mem = GuestMemory::memfd(&layout).unwrap();
+        Frontend { mem: Arc::new(mem) }
+    }
+
+    /// Region `i` as ADD_MEM_REG and REM_MEM_REG carry it, and a file of its memfd.
+    pub fn region(&self, i: usize) -> (VhostUserSingleMemoryRegion, File) {
+        let r = self.mem.regions().nth(i).expect("no such region");
+        let region =
+            VhostUserSingleMemoryRegion::new(r.guest_addr.0, r.size, r.user_addr, r.file_offset);
+        (region, r.file.unwrap().try_clone().unwrap())
+    }
+
+    /// The frontend's virtual address of guest address `a`, as ring addresses are sent: in
+    /// the region that holds it, else (an address outside memory) past the first region.
     pub fn user(&self, a: GuestAddress) -> u64 {
-        let r = self.mem.regions().next().unwrap();
-        r.user_addr + (a.0 - r.guest_addr.0)
+        let r = self
+            .mem
+            .regions()
+            .find(|r| a.0.wrapping_sub(r.guest_addr.0) < r.size)
+            .unwrap_or_else(|| self.mem.regions().next().unwrap());
+        r.user_addr.wrapping_add(a.0.wrapping_sub(r.guest_addr.0))
     }
 
     pub fn rings(index: u32) -> RingAddresses {
@@ -176,6 +205,12 @@ impl Frontend {
     pub fn start_tx0(&self, conn: &mut Connection) -> RunningTx {
         conn.set_features(Features::VERSION_1.0).unwrap();
         self.set_mem_table(conn).unwrap();
+        self.set_up_tx0(conn)
+    }
+
+    /// The vring requests of [`Frontend::start_tx0`], after the features and memory the
+    /// caller sent.
+    pub fn set_up_tx0(&self, conn: &mut Connection) -> RunningTx {
         conn.set_vring_num(TX0, Self::QUEUE_SIZE as u32).unwrap();
         self.set_vring_addr(conn, TX0, Self::rings(TX0)).unwrap();
         conn.set_vring_base(TX0, 0).unwrap();
@@ -204,7 +239,12 @@ impl RunningTx {
     /// Sends a 64-byte chain (header included) with `token`, kicks, and waits at most 5 s for
     /// the device to use it; the used entry.
     pub fn send(&mut self, token: u32) -> (u32, u32) {
-        let buf = Buf::new(GuestAddress(Frontend::DATA), 64);
+        self.send_from(GuestAddress(Frontend::DATA), token)
+    }
+
+    /// Like [`RunningTx::send`], with the frame at `addr`.
+    pub fn send_from(&mut self, addr: GuestAddress, token: u32) -> (u32, u32) {
+        let buf = Buf::new(addr, 64);
         self.driver.add(&[buf], &[], token).unwrap();
         self.driver.kick_prepare();
         self.kick.write(1).unwrap();

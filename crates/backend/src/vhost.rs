@@ -4,8 +4,9 @@
 //! Every value here comes from the frontend and is checked before use: queue indices against
 //! the queue count, sizes by `QueueConfig`, ring addresses by translation through the memory
 //! table and then by `DeviceQueue::activate`. A queue runs when it has a kick fd, an address,
-//! a memory table and is enabled; GET_VRING_BASE stops it; SET_MEM_TABLE quiesces and
-//! restarts the running queues around the swap.
+//! a memory table and is enabled; GET_VRING_BASE stops it; SET_MEM_TABLE, ADD_MEM_REG and
+//! REM_MEM_REG (CONFIGURE_MEM_SLOTS, memory hotplug) quiesce and restart the running queues
+//! around the swap.
 
 use std::fs::File;
 use std::sync::Arc;
@@ -21,8 +22,10 @@ use vhost::vhost_user::{
 };
 use vhost::VhostUserMemoryRegionBase;
 use vnet::feature;
-use vring::memory::RegionSource;
-use vring::{DeviceQueue, Features, GuestAddress, GuestMemory, QueueConfig, RingAddresses};
+use vring::memory::{RegionSource, MAX_REGIONS};
+use vring::{
+    DeviceQueue, DirtyLog, Features, GuestAddress, GuestMemory, QueueConfig, RingAddresses,
+};
 
 use super::device::Device;
 use super::error::Error;
@@ -37,6 +40,8 @@ struct VringSetup {
     num: u32,
     /// desc, avail, used in the frontend's virtual address space.
     addrs: Option<(u64, u64, u64)>,
+    /// With VHOST_VRING_F_LOG: the guest address the used ring is logged at.
+    log_addr: Option<u64>,
     base: u16,
     kick: Option<PeerEventFd>,
     call: Option<PeerEventFd>,
@@ -53,6 +58,13 @@ pub struct Connection {
     acked_protocol: VhostUserProtocolFeatures,
     features_set: bool,
     mem: Option<Arc<GuestMemory>>,
+    /// The dirty log the frontend shared (SET_LOG_BASE): written while LOG_ALL is acked.
+    log: Option<SharedLog>,
+    /// How many times each region of the memory (guest address, size, user address) was
+    /// added by ADD_MEM_REG: QEMU keeps a region table per queue pair and adds (and removes)
+    /// every region once per pair over the one connection. A region goes when the last of
+    /// them removes it.
+    region_refs: Vec<((u64, u64, u64), u32)>,
     vrings: Vec<VringSetup>,
     /// Set when a request that needs a reply failed: the frontend would wait forever for an
     /// answer we did not send, so the connection must close.
@@ -62,6 +74,16 @@ pub struct Connection {
     /// the rings start enabled once the features arrive, as the frontend believes they are.
     pub enable_before_features: bool,
 }
+
+/// A dirty log, and what identifies it: its file (device and inode), size and offset.
+#[derive(Debug)]
+struct SharedLog {
+    log: Arc<DirtyLog>,
+    id: (u64, u64, u64, u64),
+}
+
+/// VHOST_F_LOG_ALL: log every write to guest memory (vhost-user spec, "Migration").
+pub const LOG_ALL: Features = Features(VhostUserVirtioFeatures::LOG_ALL.bits());
 
 fn invalid(what: &'static str) -> VuError {
     VuError::InvalidOperation(what)
@@ -76,6 +98,8 @@ impl Connection {
             acked_protocol: VhostUserProtocolFeatures::empty(),
             features_set: false,
             mem: None,
+            log: None,
+            region_refs: Vec::new(),
             vrings: (0..n).map(|_| VringSetup::default()).collect(),
             must_disconnect: false,
             enable_before_features: false,
@@ -150,6 +174,11 @@ impl Connection {
             .map_err(Error::protocol("queue configuration"))
             .map_err(refuse)?;
         queue.set_used_batch(self.device.shared().config.used_batch);
+        if let Some(log) = self.dirty_log() {
+            // The used ring is logged where the frontend said, else at its own address.
+            let used_log = v.log_addr.map_or(rings.used, GuestAddress);
+            queue.set_dirty_log(Some(log), used_log);
+        }
         let v = &mut self.vrings[index];
         // The worker gets descriptors of its own; failing to make one (EMFILE) refuses the
         // start rather than running the queue without its call or err fd.
@@ -211,6 +240,48 @@ impl Connection {
         Ok(())
     }
 
+    /// Swaps the memory table (SET_MEM_TABLE, ADD_MEM_REG, REM_MEM_REG) around a quiesce of
+    /// the running queues ([`Connection::requeue`]). A queue whose rings the new memory no
+    /// longer holds stays stopped until a table that holds them arrives, as does one whose
+    /// kick and enable came before any memory.
+    fn replace_memory(&mut self, mem: Option<GuestMemory>) -> VuResult<()> {
+        self.requeue(|c| c.mem = mem.map(Arc::new))
+    }
+
+    /// Applies `change` with every running queue stopped (each one's batch published and
+    /// its posted buffers returned, as for GET_VRING_BASE, so no worker touches the memory or
+    /// the log meanwhile), then starts every queue that can run, the stopped ones from where
+    /// they stopped. Memory tables and dirty logs are swapped this way: a worker never sees
+    /// one change under it, only a queue started anew.
+    fn requeue(&mut self, change: impl FnOnce(&mut Self)) -> VuResult<()> {
+        let running: Vec<usize> = (0..self.vrings.len())
+            .filter(|&i| self.vrings[i].running)
+            .collect();
+        for &i in &running {
+            self.stop(i)?;
+        }
+        change(self);
+        for i in 0..self.vrings.len() {
+            if let Err(e) = self.try_start(i) {
+                tracing::warn!(queue = i, error = %e, "queue not started");
+            }
+        }
+        Ok(())
+    }
+
+    /// The log the queues mark, while logging is on: LOG_ALL acked and a log shared.
+    fn dirty_log(&self) -> Option<Arc<DirtyLog>> {
+        if !self.acked_features.contains(LOG_ALL) {
+            return None;
+        }
+        self.log.as_ref().map(|l| l.log.clone())
+    }
+
+    /// Whether the queues log their writes now.
+    pub fn logging(&self) -> bool {
+        self.dirty_log().is_some()
+    }
+
     /// Stops every queue: the frontend went away or reset the device.
     pub fn stop_all(&mut self) {
         for i in 0..self.vrings.len() {
@@ -247,7 +318,9 @@ impl VhostUserBackendReqHandlerMut for Connection {
     }
 
     fn get_features(&mut self) -> VuResult<u64> {
-        Ok(self.device.offered_features().0 | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits())
+        Ok(self.device.offered_features().0
+            | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
+            | LOG_ALL.0)
     }
 
     fn set_features(&mut self, features: u64) -> VuResult<()> {
@@ -257,12 +330,16 @@ impl VhostUserBackendReqHandlerMut for Connection {
             tracing::warn!(error = %e, "features refused");
             VuError::InvalidParam
         })?;
+        // Only LOG_ALL may change under running queues: QEMU sets it when a migration starts
+        // and clears it when one ends or fails, with the device running.
+        let changed = Features(acked.0 ^ self.acked_features.0);
         if self.vrings.iter().any(|v| v.running)
             && self.features_set
-            && acked != self.acked_features
+            && changed.difference(LOG_ALL) != Features::EMPTY
         {
             return Err(invalid("features changed while queues run"));
         }
+        let was_logging = self.logging();
         self.acked_features = acked;
         self.features_set = true;
         self.device
@@ -292,6 +369,14 @@ impl VhostUserBackendReqHandlerMut for Connection {
                 VuError::BackendInternalError
             })?;
         tracing::info!(features = %feature::names(acked), "features negotiated");
+        if acked.contains(LOG_ALL) && self.log.is_none() {
+            tracing::warn!("LOG_ALL without a dirty log: nothing is logged until SET_LOG_BASE");
+        }
+        if self.logging() != was_logging {
+            // QEMU waits for this request's ack: once it has it, every write is logged.
+            self.requeue(|_| {})?;
+            tracing::info!(on = self.logging(), "dirty logging");
+        }
         Ok(())
     }
 
@@ -320,23 +405,11 @@ impl VhostUserBackendReqHandlerMut for Connection {
             tracing::warn!(error = %e, "memory table refused");
             VuError::InvalidParam
         })?;
-        // Quiesce the running queues, swap the memory, restart them from where they were.
-        let running: Vec<usize> = (0..self.vrings.len())
-            .filter(|&i| self.vrings[i].running)
+        self.region_refs = ctx
+            .iter()
+            .map(|r| ((r.guest_phys_addr, r.memory_size, r.user_addr), 1))
             .collect();
-        for &i in &running {
-            self.stop(i)?;
-        }
-        self.mem = Some(Arc::new(mem));
-        for &i in &running {
-            self.try_start(i)?;
-        }
-        // Queues whose kick and enable came before any memory table start now.
-        for i in (0..self.vrings.len()).filter(|i| !running.contains(i)) {
-            if let Err(e) = self.try_start(i) {
-                tracing::warn!(queue = i, error = %e, "queue not started with the new memory");
-            }
-        }
+        self.replace_memory(Some(mem))?;
         Ok(None)
     }
 
@@ -353,12 +426,30 @@ impl VhostUserBackendReqHandlerMut for Connection {
     fn set_vring_addr(
         &mut self,
         index: u32,
-        _flags: VhostUserVringAddrFlags,
+        flags: VhostUserVringAddrFlags,
         descriptor: u64,
         used: u64,
         available: u64,
-        _log: u64,
+        log: u64,
     ) -> VuResult<()> {
+        let log_addr = flags
+            .contains(VhostUserVringAddrFlags::VHOST_VRING_F_LOG)
+            .then_some(log);
+        let v = self.vring(index)?;
+        if v.running {
+            // QEMU sends the same addresses again with the log flag when a migration starts
+            // (and without it when it ends): only the logging of the used ring changes.
+            if v.addrs != Some((descriptor, available, used)) {
+                return Err(invalid("SET_VRING_ADDR on a running queue"));
+            }
+            if v.log_addr != log_addr {
+                let i = index as usize;
+                self.stop(i)?;
+                self.vrings[i].log_addr = log_addr;
+                self.try_start(i)?;
+            }
+            return Ok(());
+        }
         // Check what can be checked now; sizes and alignment are checked when the queue starts.
         if let Some(mem) = &self.mem {
             if [descriptor, available, used]
@@ -370,10 +461,8 @@ impl VhostUserBackendReqHandlerMut for Connection {
             }
         }
         let v = self.vring(index)?;
-        if v.running {
-            return Err(invalid("SET_VRING_ADDR on a running queue"));
-        }
         v.addrs = Some((descriptor, available, used));
+        v.log_addr = log_addr;
         Ok(())
     }
 
@@ -520,21 +609,71 @@ impl VhostUserBackendReqHandlerMut for Connection {
     }
 
     fn get_max_mem_slots(&mut self) -> VuResult<u64> {
-        self.must_disconnect = true;
-        Err(invalid("CONFIGURE_MEM_SLOTS not offered"))
+        Ok(MAX_REGIONS as u64)
     }
 
     fn add_mem_region(
         &mut self,
-        _region: &VhostUserSingleMemoryRegion,
-        _fd: File,
+        region: &VhostUserSingleMemoryRegion,
+        fd: File,
         _postcopy_listening: Option<bool>,
     ) -> VuResult<Option<VhostUserMemoryRegionBase>> {
-        Err(invalid("CONFIGURE_MEM_SLOTS not offered"))
+        // Copies: the message struct is packed.
+        let (guest, size, user) = (region.guest_phys_addr, region.memory_size, region.user_addr);
+        let key = (guest, size, user);
+        if let Some((_, refs)) = self.region_refs.iter_mut().find(|(k, _)| *k == key) {
+            // The same region from another queue pair's table: mapped already.
+            *refs += 1;
+            return Ok(None);
+        }
+        let source = RegionSource {
+            guest_addr: GuestAddress(guest),
+            size,
+            user_addr: user,
+            file: fd,
+            mmap_offset: region.mmap_offset,
+        };
+        let mem = match &self.mem {
+            Some(mem) => mem.with_region(source),
+            None => GuestMemory::from_sources(vec![source]),
+        }
+        .map_err(|e| {
+            let e = Error::protocol("ADD_MEM_REG")(e);
+            tracing::warn!(error = %e, guest, size, "memory region refused");
+            VuError::InvalidParam
+        })?;
+        self.replace_memory(Some(mem))?;
+        self.region_refs.push((key, 1));
+        tracing::info!(guest, size, "memory region added");
+        Ok(None)
     }
 
-    fn remove_mem_region(&mut self, _region: &VhostUserSingleMemoryRegion) -> VuResult<()> {
-        Err(invalid("CONFIGURE_MEM_SLOTS not offered"))
+    fn remove_mem_region(&mut self, region: &VhostUserSingleMemoryRegion) -> VuResult<()> {
+        let (guest, size, user) = (region.guest_phys_addr, region.memory_size, region.user_addr);
+        let key = (guest, size, user);
+        if let Some((_, refs)) = self.region_refs.iter_mut().find(|(k, _)| *k == key) {
+            if *refs > 1 {
+                // Another queue pair's table still has it.
+                *refs -= 1;
+                return Ok(());
+            }
+        }
+        let mem = self
+            .mem
+            .as_ref()
+            .ok_or(vring::Error::InvalidMemory {
+                reason: "no such region to remove",
+            })
+            .and_then(|mem| mem.without_region(GuestAddress(guest), size, user))
+            .map_err(|e| {
+                let e = Error::protocol("REM_MEM_REG")(e);
+                tracing::warn!(error = %e, guest, size, "memory region not removed");
+                VuError::InvalidParam
+            })?;
+        self.replace_memory(mem)?;
+        self.region_refs.retain(|(k, _)| *k != key);
+        tracing::info!(guest, size, "memory region removed");
+        Ok(())
     }
 
     fn set_device_state_fd(
@@ -556,8 +695,44 @@ impl VhostUserBackendReqHandlerMut for Connection {
         Err(invalid("no shared memory regions"))
     }
 
-    fn set_log_base(&mut self, _log: &VhostUserLog, _file: File) -> VuResult<()> {
-        Err(invalid("no dirty logging"))
+    fn set_log_base(&mut self, log: &VhostUserLog, file: File) -> VuResult<()> {
+        // The frontend waits for the reply (LOG_SHMFD), which the message layer sends only
+        // when this succeeds: a refusal must close the connection.
+        let (size, offset) = (log.mmap_size, log.mmap_offset);
+        let id = {
+            use std::os::unix::fs::MetadataExt;
+            file.metadata().map(|m| (m.dev(), m.ino(), size, offset))
+        };
+        if let (Ok(id), Some(current)) = (&id, &self.log) {
+            if *id == current.id {
+                // The same log again: QEMU sends it for every queue pair.
+                return Ok(());
+            }
+        }
+        let log = id
+            .map_err(|e| Error::host("reading the dirty log's file")(e))
+            .and_then(|id| {
+                DirtyLog::from_file(file, size, offset)
+                    .map(|log| SharedLog {
+                        log: Arc::new(log),
+                        id,
+                    })
+                    .map_err(Error::protocol("SET_LOG_BASE"))
+            })
+            .map_err(|e| {
+                tracing::warn!(error = %e, size, offset, "dirty log refused");
+                self.must_disconnect = true;
+                VuError::InvalidParam
+            })?;
+        tracing::info!(size, offset, "dirty log shared");
+        // Running queues that log move to the new log before the reply: the frontend reads
+        // and frees the old one once it has it.
+        if self.logging() {
+            self.requeue(|c| c.log = Some(log))
+        } else {
+            self.log = Some(log);
+            Ok(())
+        }
     }
 }
 
@@ -836,6 +1011,287 @@ mod tests {
         // The same features again are fine (QEMU repeats SET_FEATURES).
         s.conn.set_features(Features::VERSION_1.0).unwrap();
         assert!(s.conn.vrings[TX0 as usize].running);
+    }
+
+    #[test]
+    fn memory_slots_are_offered_up_to_the_regions_memory_takes() {
+        let mut s = setup();
+        let p = s.conn.get_protocol_features().unwrap();
+        assert!(p.contains(VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS));
+        assert_eq!(s.conn.get_max_mem_slots().unwrap(), MAX_REGIONS as u64);
+        assert!(!s.conn.must_disconnect);
+    }
+
+    #[test]
+    fn regions_added_and_removed_while_tx_runs_carry_its_frames() {
+        let mut s = setup();
+        let front = Frontend::two_regions();
+        s.conn.set_features(Features::VERSION_1.0).unwrap();
+        // QEMU with CONFIGURE_MEM_SLOTS sends no memory table, only regions.
+        let (first, file) = front.region(0);
+        s.conn.add_mem_region(&first, file, None).unwrap();
+        let mut tx = front.set_up_tx0(&mut s.conn);
+        assert!(s.conn.vrings[TX0 as usize].running);
+        assert_eq!(tx.send(1), (1, 0));
+
+        // A region added under the running queue: a frame in it goes out.
+        let (second, file) = front.region(1);
+        s.conn.add_mem_region(&second, file, None).unwrap();
+        assert!(s.conn.vrings[TX0 as usize].running);
+        let hotplugged = GuestAddress(Frontend::HOTPLUG + 0x100);
+        assert_eq!(tx.send_from(hotplugged, 2), (2, 0));
+        let counters = s.device.counters(TX0 as usize);
+        assert_eq!(counters.packets.get(), 2);
+        assert!(!counters.is_broken());
+
+        // Removed again: the queue runs on. Then the region with its rings: it stops until
+        // they come back, and carries on from where it was.
+        s.conn.remove_mem_region(&second).unwrap();
+        assert!(s.conn.vrings[TX0 as usize].running);
+        assert_eq!(tx.send(3), (3, 0));
+        s.conn.remove_mem_region(&first).unwrap();
+        assert!(s.conn.mem.is_none());
+        assert!(!s.conn.vrings[TX0 as usize].running);
+        assert_eq!(s.conn.vrings[TX0 as usize].base, 3);
+        let (first, file) = front.region(0);
+        s.conn.add_mem_region(&first, file, None).unwrap();
+        assert!(s.conn.vrings[TX0 as usize].running);
+        assert_eq!(tx.send(4), (4, 0));
+        assert_eq!(counters.packets.get(), 4);
+        let state = s.conn.get_vring_base(TX0).unwrap();
+        let num = state.num;
+        assert_eq!(num, 4);
+    }
+
+    #[test]
+    fn a_region_every_queue_pair_added_stays_until_the_last_removes_it() {
+        let mut s = setup();
+        let front = Frontend::two_regions();
+        s.conn.set_features(Features::VERSION_1.0).unwrap();
+        // QEMU with two queue pairs: each pair's table adds each region.
+        for _ in 0..2 {
+            for i in 0..2 {
+                let (r, file) = front.region(i);
+                s.conn.add_mem_region(&r, file, None).unwrap();
+            }
+        }
+        assert_eq!(s.conn.mem.as_ref().unwrap().regions().count(), 2);
+        let mut tx = front.set_up_tx0(&mut s.conn);
+        let hotplugged = GuestAddress(Frontend::HOTPLUG + 0x100);
+        let (second, _) = front.region(1);
+        s.conn.remove_mem_region(&second).unwrap();
+        assert_eq!(
+            s.conn.mem.as_ref().unwrap().regions().count(),
+            2,
+            "one pair has it"
+        );
+        assert_eq!(tx.send_from(hotplugged, 1), (1, 0));
+        s.conn.remove_mem_region(&second).unwrap();
+        assert_eq!(s.conn.mem.as_ref().unwrap().regions().count(), 1);
+        assert!(matches!(
+            s.conn.remove_mem_region(&second),
+            Err(VuError::InvalidParam)
+        ));
+        assert_eq!(tx.send(2), (2, 0));
+    }
+
+    #[test]
+    fn hostile_region_requests_are_refused_and_change_nothing() {
+        let mut s = setup();
+        let front = Frontend::two_regions();
+        s.conn.set_features(Features::VERSION_1.0).unwrap();
+        let (first, file) = front.region(0);
+        s.conn.add_mem_region(&first, file, None).unwrap();
+        let mut tx = front.set_up_tx0(&mut s.conn);
+        let refused = |r: VuResult<()>| matches!(r, Err(VuError::InvalidParam));
+        let (second, file) = front.region(1);
+        let (g, size, user, off) = (
+            second.guest_phys_addr,
+            second.memory_size,
+            second.user_addr,
+            second.mmap_offset,
+        );
+        let region = VhostUserSingleMemoryRegion::new;
+        let cases = [
+            // Overlapping the first in guest space (at its address, smaller), in user space.
+            region(0, 0x1000, user, off),
+            region(g, size, first.user_addr + 0x1000, off),
+            // Zero bytes; past the end of its file; an address range that wraps.
+            region(g, 0, user, off),
+            region(g, size + 4096, user, off),
+            region(g, size, user, size),
+            region(u64::MAX - 4095, size, user, off),
+        ];
+        let add = |c: &mut Connection, r: &VhostUserSingleMemoryRegion, f: &File| {
+            c.add_mem_region(r, f.try_clone().unwrap(), None)
+                .map(|_| ())
+        };
+        for (i, r) in cases.iter().enumerate() {
+            assert!(refused(add(&mut s.conn, r, &file)), "case {i}");
+        }
+        // A region that is not one of ours is not removed: by address, size or user address.
+        for r in [
+            region(g, size, user, off),
+            region(0, 0x1000, first.user_addr, 0),
+            region(0, first.memory_size, first.user_addr + 1, 0),
+        ] {
+            assert!(refused(s.conn.remove_mem_region(&r)));
+        }
+        // Not a file that can be guest memory.
+        let dev = File::open("/dev/zero").unwrap();
+        assert!(refused(add(&mut s.conn, &second, &dev)));
+        assert!(!s.conn.must_disconnect);
+        // The memory is the one region, and tx0 runs on it.
+        let mem = s.conn.mem.as_ref().unwrap();
+        assert_eq!(mem.regions().count(), 1);
+        assert!(s.conn.vrings[TX0 as usize].running);
+        assert_eq!(tx.send(1), (1, 0));
+    }
+
+    /// A dirty log of `bytes` on a memfd: the file to share, and the frontend's view of it.
+    fn log_file(bytes: u64) -> (File, DirtyLog) {
+        let mem = GuestMemory::memfd(&[(GuestAddress(0), bytes as usize)]).unwrap();
+        let file = mem
+            .regions()
+            .next()
+            .unwrap()
+            .file
+            .unwrap()
+            .try_clone()
+            .unwrap();
+        let view = DirtyLog::from_file(file.try_clone().unwrap(), bytes, 0).unwrap();
+        (file, view)
+    }
+
+    /// Every page marked in `view` until the worker has been quiet for 60 ms (after a frame
+    /// it goes on to re-enable notifications, a write of the used ring too), cleared.
+    fn settled_dirty(view: &DirtyLog) -> Vec<u64> {
+        let mut pages = view.take_dirty();
+        let mut quiet = 0;
+        while quiet < 3 {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            let more = view.take_dirty();
+            quiet = if more.is_empty() { quiet + 1 } else { 0 };
+            pages.extend(more);
+        }
+        pages.sort_unstable();
+        pages.dedup();
+        pages
+    }
+
+    #[test]
+    fn migration_features_are_offered() {
+        let mut s = setup();
+        assert!(Features(s.conn.get_features().unwrap()).contains(LOG_ALL));
+        let p = s.conn.get_protocol_features().unwrap();
+        assert!(p.contains(VhostUserProtocolFeatures::LOG_SHMFD));
+    }
+
+    #[test]
+    fn a_dirty_log_that_cannot_be_mapped_is_refused_and_closes_the_connection() {
+        let (file, _) = log_file(4096);
+        for (size, offset) in [(0, 0), (4097, 0), (4096, 4096), (u64::MAX, 1)] {
+            let mut s = setup();
+            let log = VhostUserLog::new(size, offset);
+            let r = s.conn.set_log_base(&log, file.try_clone().unwrap());
+            assert!(matches!(r, Err(VuError::InvalidParam)), "{size} {offset}");
+            // The frontend waits for a reply the message layer does not send on failure.
+            assert!(s.conn.must_disconnect);
+            assert!(s.conn.log.is_none());
+        }
+        let mut s = setup();
+        let dev = File::open("/dev/zero").unwrap();
+        assert!(s
+            .conn
+            .set_log_base(&VhostUserLog::new(4096, 0), dev)
+            .is_err());
+        let mut s = setup();
+        s.conn
+            .set_log_base(&VhostUserLog::new(4096, 0), file)
+            .unwrap();
+        assert!(s.conn.log.is_some() && !s.conn.must_disconnect);
+        assert!(!s.conn.logging(), "not before LOG_ALL");
+    }
+
+    #[test]
+    fn logging_starts_and_stops_under_a_running_queue_and_marks_its_used_ring() {
+        let mut s = setup();
+        let mut tx = s.front.start_tx0(&mut s.conn);
+        let (file, view) = log_file(4096);
+        s.conn
+            .set_log_base(&VhostUserLog::new(4096, 0), file.try_clone().unwrap())
+            .unwrap();
+        // LOG_ALL while tx0 runs (a migration starts): the queue runs on, logging.
+        s.conn
+            .set_features((Features::VERSION_1 | LOG_ALL).0)
+            .unwrap();
+        assert!(s.conn.logging() && s.conn.vrings[TX0 as usize].running);
+        assert_eq!(tx.send(1), (1, 0));
+        let used_page = Frontend::rings(TX0).used.0 / 4096;
+        // The device only read the frame: its page is not marked, the used ring's is.
+        assert_eq!(settled_dirty(&view), [used_page]);
+
+        // The same addresses with VHOST_VRING_F_LOG and another log address: the used ring
+        // is logged there. Other addresses on a running queue are refused.
+        let rings = Frontend::rings(TX0);
+        let user = |a: GuestAddress| s.front.user(a);
+        let (desc, used, avail) = (user(rings.desc), user(rings.used), user(rings.avail));
+        let flag = || VhostUserVringAddrFlags::VHOST_VRING_F_LOG;
+        let elsewhere = 0x4_0000;
+        s.conn
+            .set_vring_addr(TX0, flag(), desc, used, avail, elsewhere)
+            .unwrap();
+        assert!(matches!(
+            s.conn
+                .set_vring_addr(TX0, flag(), desc + 0x1000, used, avail, elsewhere),
+            Err(VuError::InvalidOperation(_))
+        ));
+        // The old queue may write its used flags while it stops: logged where it was told.
+        assert!(settled_dirty(&view)
+            .iter()
+            .all(|&p| p == used_page || p == elsewhere / 4096));
+        assert_eq!(tx.send(2), (2, 0));
+        assert_eq!(settled_dirty(&view), [elsewhere / 4096]);
+
+        // The same log again changes nothing; LOG_ALL cleared: nothing is marked.
+        s.conn
+            .set_log_base(&VhostUserLog::new(4096, 0), file)
+            .unwrap();
+        assert!(s.conn.logging());
+        s.conn.set_features(Features::VERSION_1.0).unwrap();
+        assert!(!s.conn.logging() && s.conn.vrings[TX0 as usize].running);
+        settled_dirty(&view);
+        assert_eq!(tx.send(3), (3, 0));
+        assert!(settled_dirty(&view).is_empty());
+        // Other feature changes under a running queue are still refused.
+        let other = Features::VERSION_1 | Features::RING_EVENT_IDX | LOG_ALL;
+        assert!(s.conn.set_features(other.0).is_err());
+    }
+
+    #[test]
+    fn a_new_log_under_logging_queues_takes_over_before_the_reply() {
+        let mut s = setup();
+        let mut tx = s.front.start_tx0(&mut s.conn);
+        let (old_file, old) = log_file(4096);
+        s.conn
+            .set_log_base(&VhostUserLog::new(4096, 0), old_file)
+            .unwrap();
+        s.conn
+            .set_features((Features::VERSION_1 | LOG_ALL).0)
+            .unwrap();
+        assert_eq!(tx.send(1), (1, 0));
+        assert!(!settled_dirty(&old).is_empty());
+        // QEMU resizes the log: a new file; once the reply is in, the old one is unused.
+        let (new_file, new) = log_file(8192);
+        s.conn
+            .set_log_base(&VhostUserLog::new(8192, 0), new_file)
+            .unwrap();
+        // What the old queue wrote while it stopped went to the old log; nothing after.
+        settled_dirty(&old);
+        settled_dirty(&new);
+        assert_eq!(tx.send(2), (2, 0));
+        assert!(settled_dirty(&old).is_empty(), "the old log was written");
+        assert_eq!(settled_dirty(&new), [Frontend::rings(TX0).used.0 / 4096]);
     }
 
     #[test]

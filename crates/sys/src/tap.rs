@@ -85,6 +85,12 @@ impl TapQueue {
         (&self.file).read(buf)
     }
 
+    /// Writes one frame (virtio-net header first) from `buf`, as if the guest sent it.
+    pub fn write(&self, buf: &[u8]) -> io::Result<usize> {
+        use std::io::Write;
+        (&self.file).write(buf)
+    }
+
     /// Attaches or detaches this queue (TUNSETQUEUE): a detached queue gets no frames.
     pub fn set_attached(&self, on: bool) -> io::Result<()> {
         // SAFETY: ifreq is plain old data; all-zero is a valid value.

@@ -70,6 +70,17 @@ pub struct GuestConfig {
     pub dmesg: bool,
     /// Appended to the kernel command line.
     pub extra_append: String,
+    /// Memory hotplug: DIMM slots and the most memory (MiB) they may bring the guest to
+    /// (`-m SIZE,slots=N,maxmem=M`).
+    pub hotplug: Option<(u32, u32)>,
+    /// A human monitor on this unix socket (QEMU listens), for [`Monitor`]; else none.
+    pub monitor: Option<PathBuf>,
+    /// `-incoming URI`: this QEMU is a live migration's destination; it runs the guest only
+    /// once the migration completes (nothing is booted, and no READY comes).
+    pub incoming: Option<String>,
+    /// `-S`: the guest does not run until the monitor's `cont` (with `incoming`: it stays
+    /// paused after the migration, so that its memory can be compared with the source's).
+    pub paused: bool,
 }
 
 impl GuestConfig {
@@ -113,6 +124,10 @@ impl GuestConfig {
             script_timeout: Duration::from_secs(120),
             dmesg: false,
             extra_append: String::new(),
+            hotplug: None,
+            monitor: None,
+            incoming: None,
+            paused: false,
         }
     }
 
@@ -165,7 +180,11 @@ impl GuestConfig {
         cmd.args(["-name", "virtnet-guest", "-nodefaults", "-no-user-config"]);
         // KVM here is a PVM variant that does not boot a stock kernel: software emulation.
         cmd.args(["-accel", "tcg", "-cpu", "max"]);
-        cmd.args(["-smp", &self.cpus.to_string(), "-m", &mem]);
+        let m = match self.hotplug {
+            Some((slots, max)) => format!("{mem},slots={slots},maxmem={max}M"),
+            None => mem.clone(),
+        };
+        cmd.args(["-smp", &self.cpus.to_string(), "-m", &m]);
         // vhost-user maps guest memory in the backend: it must be a shareable fd.
         cmd.args([
             "-object",
@@ -217,7 +236,17 @@ impl GuestConfig {
             device.push_str(&format!(",host_mtu={mtu}"));
         }
         cmd.args(["-device", &device]);
-        cmd.args(["-display", "none", "-serial", "stdio", "-monitor", "none"]);
+        let monitor = match &self.monitor {
+            Some(path) => format!("unix:{},server=on,wait=off", path.display()),
+            None => "none".to_string(),
+        };
+        cmd.args(["-display", "none", "-serial", "stdio", "-monitor", &monitor]);
+        if let Some(uri) = &self.incoming {
+            cmd.args(["-incoming", uri]);
+        }
+        if self.paused {
+            cmd.arg("-S");
+        }
         cmd.arg("-no-reboot");
         cmd.arg("-kernel").arg(kernel);
         cmd.arg("-initrd").arg(initrd);
@@ -348,6 +377,91 @@ impl Guest {
             self.serial_log.display(),
             self.qemu.out.tail(60)
         )
+    }
+}
+
+/// QEMU's human monitor on a unix socket ([`GuestConfig::monitor`]): one command at a time,
+/// its output up to the next prompt.
+#[derive(Debug)]
+pub struct Monitor {
+    stream: std::os::unix::net::UnixStream,
+}
+
+impl Monitor {
+    /// Connects to the monitor at `path` (retrying while QEMU starts, up to `wait`) and reads
+    /// its banner.
+    pub fn connect(path: &Path, wait: Duration) -> Result<Monitor, String> {
+        let deadline = Instant::now() + wait;
+        let stream = loop {
+            match std::os::unix::net::UnixStream::connect(path) {
+                Ok(s) => break s,
+                Err(e) if Instant::now() >= deadline => {
+                    return Err(format!("monitor {}: {e}", path.display()))
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(50)),
+            }
+        };
+        stream
+            .set_read_timeout(Some(Duration::from_secs(60)))
+            .map_err(|e| e.to_string())?;
+        let mut m = Monitor { stream };
+        m.until_prompt()?;
+        Ok(m)
+    }
+
+    fn until_prompt(&mut self) -> Result<String, String> {
+        use std::io::Read;
+        let mut out = Vec::new();
+        let mut buf = [0u8; 4096];
+        while !out.ends_with(b"(qemu) ") {
+            let n = self
+                .stream
+                .read(&mut buf)
+                .map_err(|e| format!("monitor: {e}"))?;
+            if n == 0 {
+                return Err("monitor closed".to_string());
+            }
+            out.extend_from_slice(&buf[..n]);
+        }
+        out.truncate(out.len() - b"(qemu) ".len());
+        // The monitor echoes the command with terminal escapes; keep the plain text.
+        let text = String::from_utf8_lossy(&out)
+            .replace('\r', "")
+            .chars()
+            .filter(|c| !c.is_control() || *c == '\n')
+            .collect();
+        Ok(text)
+    }
+
+    /// Runs `command`; what the monitor printed before its next prompt.
+    pub fn command(&mut self, command: &str) -> Result<String, String> {
+        use std::io::Write;
+        self.stream
+            .write_all(format!("{command}\n").as_bytes())
+            .map_err(|e| format!("monitor: {e}"))?;
+        self.until_prompt()
+    }
+
+    /// Polls `info migrate` until the migration's status is "completed", up to `limit`; the
+    /// last output. A failed or cancelled migration is an error at once.
+    pub fn wait_migrated(&mut self, limit: Duration) -> Result<String, String> {
+        let deadline = Instant::now() + limit;
+        loop {
+            let out = self.command("info migrate")?;
+            let status = out
+                .lines()
+                .find_map(|l| l.trim().strip_prefix("Migration status:"))
+                .map(str::trim)
+                .unwrap_or("");
+            match status {
+                "completed" => return Ok(out),
+                "failed" | "cancelled" => return Err(format!("migration {status}:\n{out}")),
+                _ if Instant::now() >= deadline => {
+                    return Err(format!("migration not done in {limit:?}:\n{out}"))
+                }
+                _ => std::thread::sleep(Duration::from_millis(200)),
+            }
+        }
     }
 }
 

@@ -3,6 +3,8 @@
 //! - [`pair`]: a driver queue and a device queue on one virtqueue in one memory;
 //! - [`baseline`]: rust-vmm virtio-queue as a device engine for the bench harnesses;
 //! - [`inproc`]: an in-process backend on a unix socket and our driver connected to it;
+//! - [`raw`]: a frontend sending vhost-user requests one by one (memory regions, dirty
+//!   logging, SEND_RARP), over memfds at addresses the test chooses;
 //! - [`recovery`]: what a user sees after a hostile case (threads alive and idle, a fresh
 //!   connection served, the process's descriptors and memory back), as one check;
 //!
@@ -33,6 +35,7 @@ pub mod pair;
 // Child processes that die with the test: prctl in pre_exec.
 #[allow(unsafe_code)]
 pub mod process;
+pub mod raw;
 pub mod recovery;
 pub mod testpmd;
 

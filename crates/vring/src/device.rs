@@ -10,12 +10,15 @@ use std::sync::atomic::Ordering::SeqCst;
 use crate::sync::fence;
 use std::sync::Arc;
 
-use crate::chain::Chain;
+use crate::chain::{Chain, Segment};
 use crate::error::Broken;
 use crate::event::vring_need_event;
-use crate::layout::{AVAIL_F_NO_INTERRUPT, USED_F_NO_NOTIFY};
+use crate::layout::{used_ring_offset, AVAIL_F_NO_INTERRUPT, USED_ELEM_SIZE, USED_F_NO_NOTIFY};
 use crate::ring::Rings;
-use crate::{Error, GuestMemory, QueueConfig};
+use crate::{DirtyLog, Error, GuestAddress, GuestMemory, QueueConfig};
+
+/// Offset of `used.idx` in the used ring (spec 2.7.8), after its flags.
+const USED_IDX_OFFSET: u64 = 2;
 
 /// The default number of used entries written before `used.idx` is published (Linux's
 /// VHOST_NET_BATCH).
@@ -63,8 +66,18 @@ pub struct DeviceQueue {
     signalled_used: u16,
     signalled_used_valid: bool,
     used_flags: u16,
+    /// While the frontend migrates: the log the queue marks every write of its in.
+    log: Option<QueueLog>,
     broken: Broken,
     stats: DeviceStats,
+}
+
+/// A queue's dirty logging: the log, and the guest address its used ring is logged at
+/// (vhost-user's `log_guest_addr`).
+#[derive(Debug)]
+struct QueueLog {
+    log: Arc<DirtyLog>,
+    used: GuestAddress,
 }
 
 impl DeviceQueue {
@@ -90,6 +103,7 @@ impl DeviceQueue {
             signalled_used: next_used,
             signalled_used_valid: false,
             used_flags: 0,
+            log: None,
             broken: Broken::default(),
             stats: DeviceStats::default(),
             config: *config,
@@ -125,6 +139,63 @@ impl DeviceQueue {
     /// every entry). Clamped to 1..=queue size.
     pub fn set_used_batch(&mut self, batch: u16) {
         self.batch = batch.clamp(1, self.config.size());
+    }
+
+    /// Logs every write of the device to guest memory in `log` from now on (live migration),
+    /// the used ring's at `used_log_addr` (vhost-user's `log_guest_addr`, normally the used
+    /// ring's own guest address); `None` stops logging. The rings' writes are marked here;
+    /// the caller marks what it writes into buffers with [`DeviceQueue::add_used_written`] or
+    /// [`DeviceQueue::log_write`].
+    pub fn set_dirty_log(&mut self, log: Option<Arc<DirtyLog>>, used_log_addr: GuestAddress) {
+        self.log = log.map(|log| QueueLog {
+            log,
+            used: used_log_addr,
+        });
+    }
+
+    /// Whether the queue logs its writes.
+    pub fn logging(&self) -> bool {
+        self.log.is_some()
+    }
+
+    /// Marks the first `len` bytes of `segs` in the dirty log, if the queue logs: the device
+    /// wrote them (after the write). Without a log, one branch.
+    #[inline]
+    pub fn log_write(&self, segs: &[Segment], len: u64) {
+        if let Some(l) = &self.log {
+            l.log.mark_segments(segs, len);
+        }
+    }
+
+    /// [`DeviceQueue::add_used`] for a chain the device wrote `len` bytes into: those bytes
+    /// are marked in the dirty log first, if the queue logs.
+    #[inline]
+    pub fn add_used_written(&mut self, chain: &Chain, len: u32) -> Result<(), Error> {
+        self.log_write(chain.writable(), len as u64);
+        self.add_used(chain.head(), len)
+    }
+
+    /// Marks `len` bytes at `offset` into the used ring in the dirty log.
+    #[cold]
+    fn log_used(&self, offset: u64, len: u64) {
+        if let Some(l) = &self.log {
+            if let Some(at) = l.used.checked_add(offset) {
+                l.log.mark(at, len);
+            }
+        }
+    }
+
+    /// Marks the used elements of slots `old..new` and the used index in the dirty log.
+    #[cold]
+    fn log_used_batch(&self, old: u16, new: u16) {
+        // The slots written, `old & mask` onwards, wrapping to slot 0 at most once.
+        let size = self.config.size();
+        let count = new.wrapping_sub(old).min(size);
+        let start = old & self.mask;
+        let first = count.min(size - start);
+        self.log_used(used_ring_offset(start), USED_ELEM_SIZE * first as u64);
+        self.log_used(used_ring_offset(0), USED_ELEM_SIZE * (count - first) as u64);
+        self.log_used(USED_IDX_OFFSET, 2);
     }
 
     /// Reads `avail.idx` and checks it; returns whether entries are ready.
@@ -225,6 +296,9 @@ impl DeviceQueue {
         // Release: the used elements written above become visible before the index that
         // covers them; pairs with the driver's acquire load of used.idx (get_used).
         self.rings.set_used_idx_release(new);
+        if self.log.is_some() {
+            self.log_used_batch(old, new);
+        }
         self.published_used = new;
         self.stats.used_idx_stores += 1;
         // If the driver has not been notified for a long while, the used index may wrap past
@@ -277,9 +351,16 @@ impl DeviceQueue {
         self.flush();
         if self.event_idx {
             self.rings.set_avail_event(self.avail_cache);
+            if self.log.is_some() {
+                // avail_event sits just past the used ring's elements.
+                self.log_used(used_ring_offset(self.config.size()), 2);
+            }
         } else if self.used_flags & USED_F_NO_NOTIFY != 0 {
             self.used_flags &= !USED_F_NO_NOTIFY;
             self.rings.set_used_flags(self.used_flags);
+            if self.log.is_some() {
+                self.log_used(0, 2);
+            }
         }
         // Full fence: the avail_event/flags store must be visible before we re-read
         // avail.idx; pairs with the driver's fence in kick_prepare between its avail.idx store
@@ -298,6 +379,9 @@ impl DeviceQueue {
         if !self.event_idx && self.used_flags & USED_F_NO_NOTIFY == 0 {
             self.used_flags |= USED_F_NO_NOTIFY;
             self.rings.set_used_flags(self.used_flags);
+            if self.log.is_some() {
+                self.log_used(0, 2);
+            }
         }
     }
 }
@@ -347,6 +431,81 @@ mod tests {
         p.device.flush();
         assert_eq!(p.driver.get_used(), Ok(Some((7, 25))));
         assert_eq!(p.driver.num_free(), 8);
+    }
+
+    /// A dirty log covering the pair's memory, on a memfd.
+    fn dirty_log() -> Arc<DirtyLog> {
+        let bytes = (MEM_SIZE as u64 / crate::memory::LOG_PAGE).div_ceil(8);
+        let mem = GuestMemory::memfd(&[(GuestAddress(0), bytes as usize)]).unwrap();
+        let file = mem
+            .regions()
+            .next()
+            .unwrap()
+            .file
+            .unwrap()
+            .try_clone()
+            .unwrap();
+        Arc::new(DirtyLog::from_file(file, bytes, 0).unwrap())
+    }
+
+    #[test]
+    fn a_logging_queue_marks_the_bytes_it_wrote_and_its_used_ring_at_the_log_address() {
+        let mut p = pair(8, Features::RING_EVENT_IDX);
+        let log = dirty_log();
+        // The used ring logged at a page boundary of its own choosing (the frontend's
+        // log_guest_addr): elements from 0x2ff4, slot 1 straddling into page 3.
+        let used_log = GuestAddress(0x3000 - 16);
+        p.device.set_dirty_log(Some(log.clone()), used_log);
+        assert!(p.device.logging());
+        // 5000 bytes into a 6000-byte buffer at page 0x202: pages 0x202 and 0x203.
+        p.driver.add(&[], &[buf(2, 6000)], 1).unwrap();
+        let c = p.device.pop().unwrap().unwrap();
+        p.mem.write(c.writable()[0].addr, &[7; 5000]).unwrap();
+        p.device.add_used_written(&c, 5000).unwrap();
+        assert_eq!(
+            log.take_dirty(),
+            [0x202, 0x203],
+            "the buffer, not yet the ring"
+        );
+        p.device.flush();
+        // Slot 0 (0x2ff4) and the index (0x2ff2): page 2.
+        assert_eq!(log.take_dirty(), [2]);
+        assert_eq!(p.driver.get_used().unwrap(), Some((1, 5000)));
+        // Eight more, wrapping: slots 1..=7 and 0 again, pages 2 and 3; avail_event at
+        // 0x2ff4 + 64, page 3.
+        for i in 0..8 {
+            p.driver.add(&[buf(10, 64)], &[], i).unwrap();
+            let c = p.device.pop().unwrap().unwrap();
+            p.device.add_used(c.head(), 0).unwrap();
+            p.device.flush();
+            assert_eq!(p.driver.get_used().unwrap(), Some((i, 0)));
+        }
+        assert_eq!(log.take_dirty(), [2, 3]);
+        assert!(!p.device.enable_notification().unwrap());
+        assert_eq!(log.take_dirty(), [3]);
+        assert_eq!(log.missed(), 0);
+
+        // Logging off: the same traffic marks nothing.
+        p.device.set_dirty_log(None, used_log);
+        p.driver.add(&[], &[buf(2, 6000)], 9).unwrap();
+        let c = p.device.pop().unwrap().unwrap();
+        p.device.add_used_written(&c, 100).unwrap();
+        p.device.flush();
+        p.device.enable_notification().unwrap();
+        assert_eq!(p.driver.get_used().unwrap(), Some((9, 100)));
+        assert!(log.take_dirty().is_empty());
+    }
+
+    #[test]
+    fn without_event_idx_the_used_flags_are_logged_too() {
+        let mut p = pair(8, Features::EMPTY);
+        let log = dirty_log();
+        let used = p.config.rings().used;
+        p.device.set_dirty_log(Some(log.clone()), used);
+        p.device.disable_notification();
+        assert_eq!(log.take_dirty(), [used.0 / 4096]);
+        p.device.enable_notification().unwrap();
+        assert_eq!(log.take_dirty(), [used.0 / 4096]);
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! vring: the VIRTIO 1.2 split virtqueue (spec section 2.7), driver and device sides, over
 //! shared memory.
 //!
-//! - [`memory`]: guest memory regions and checked translation (the crate's only `unsafe`).
+//! - [`memory`]: guest memory regions and checked translation (the crate's only `unsafe`),
+//!   and the dirty log of live migration ([`DirtyLog`]), which a [`DeviceQueue`] marks.
 //! - [`layout`]: ring sizes, offsets and flags; [`event`]: `vring_need_event`.
 //! - [`QueueConfig`] is a queue as configured; [`DeviceQueue::activate`] and
 //!   [`DriverQueue::activate`] check it against memory and start it.
@@ -39,4 +40,4 @@ pub use error::{Error, ErrorKind};
 pub use event::vring_need_event;
 pub use features::Features;
 pub use layout::RingAddresses;
-pub use memory::{GuestAddress, GuestMemory, MAX_IOVECS};
+pub use memory::{DirtyLog, GuestAddress, GuestMemory, MAX_IOVECS};

@@ -23,8 +23,14 @@ use vm_memory::FileOffset;
 
 use crate::Error;
 
-/// The most regions a memory may have (vhost-user's `VHOST_USER_MAX_RAM_SLOTS`).
+/// The most regions a memory may have: what a vhost-user backend answers to
+/// GET_MAX_MEM_SLOTS. 509 is libvhost-user's `VHOST_USER_MAX_RAM_SLOTS` and KVM's usable
+/// memslots on x86, more than QEMU 7.2 uses (it caps at 256 on x86), so a backend with this
+/// limit is never the device that stops a guest from hotplugging memory.
 pub const MAX_REGIONS: usize = 509;
+
+/// Up to this many regions, translation scans them in order; above, it searches.
+const LINEAR_LOOKUP: usize = 8;
 
 /// An address in the guest's physical address space: what descriptors and ring addresses hold.
 /// It is not a host pointer; only [`GuestMemory`] turns it into one, after checking it.
@@ -72,16 +78,87 @@ pub struct RegionInfo<'a> {
     pub file_offset: u64,
 }
 
-#[derive(Debug)]
+/// One region as translation sees it: the hot fields inline, the mapping shared. Memories
+/// built from another (a region added or removed while queues run) share the mappings of the
+/// regions they keep, so that nothing is mapped twice and the old memory stays valid for
+/// whoever still holds it.
+#[derive(Clone, Debug)]
 struct Region {
     guest: u64,
     len: u64,
     user_addr: u64,
     host: NonNull<u8>,
-    /// For a peer's file: the SIGBUS registration, released before `mmap` unmaps (fields
-    /// drop in order).
+    mapping: Arc<Mapping>,
+}
+
+/// A mapping and, for a peer's file, its SIGBUS registration.
+#[derive(Debug)]
+struct Mapping {
+    /// Released before `mmap` unmaps (fields drop in order).
     fault: Option<fault::Registration>,
     mmap: MmapRegion<()>,
+}
+
+impl Region {
+    /// `peer`: the file is the peer's, which may shrink it (see [`fault`]).
+    fn new(
+        guest: GuestAddress,
+        user_addr: u64,
+        mmap: MmapRegion<()>,
+        peer: bool,
+    ) -> Result<Region, Error> {
+        let host = NonNull::new(mmap.as_ptr()).ok_or(Error::InvalidMemory {
+            reason: "mapping at address 0",
+        })?;
+        let len = mmap.size() as u64;
+        if len == 0 || guest.0.checked_add(len).is_none() {
+            return Err(Error::InvalidMemory {
+                reason: "region size is 0 or overflows",
+            });
+        }
+        let fault = if peer {
+            Some(fault::Registration::new(host.as_ptr(), mmap.size())?)
+        } else {
+            None
+        };
+        Ok(Region {
+            guest: guest.0,
+            len,
+            user_addr,
+            host,
+            mapping: Arc::new(Mapping { fault, mmap }),
+        })
+    }
+
+    /// Maps a region a frontend sent, after checking it (see [`GuestMemory::from_sources`]).
+    fn from_source(s: RegionSource) -> Result<Region, Error> {
+        let len = usize::try_from(s.size)
+            .ok()
+            .filter(|&l| l > 0 && s.guest_addr.0.checked_add(s.size).is_some())
+            .ok_or(Error::InvalidMemory {
+                reason: "region size is 0 or overflows",
+            })?;
+        s.user_addr
+            .checked_add(s.size)
+            .ok_or(Error::InvalidMemory {
+                reason: "region user address overflows",
+            })?;
+        // Mapping past the end of the file would map pages that fault with SIGBUS on first
+        // access: refuse it here. (A frontend that shrinks the file later is handled by
+        // `fault`.)
+        let file_len = check_ram_file(&s.file)?;
+        if s.mmap_offset
+            .checked_add(s.size)
+            .is_none_or(|end| end > file_len)
+        {
+            return Err(Error::InvalidMemory {
+                reason: "region extends past the end of its file",
+            });
+        }
+        let fo = FileOffset::new(s.file, s.mmap_offset);
+        let mmap = MmapRegion::from_file(fo, len).map_err(mmap_error)?;
+        Region::new(s.guest_addr, s.user_addr, mmap, true)
+    }
 }
 
 /// A set of non-overlapping guest memory regions, each mapped into this process.
@@ -164,90 +241,86 @@ impl GuestMemory {
         }
         let regions = sources
             .into_iter()
-            .map(|s| {
-                let len = usize::try_from(s.size)
-                    .ok()
-                    .filter(|&l| l > 0 && s.guest_addr.0.checked_add(s.size).is_some())
-                    .ok_or(Error::InvalidMemory {
-                        reason: "region size is 0 or overflows",
-                    })?;
-                s.user_addr
-                    .checked_add(s.size)
-                    .ok_or(Error::InvalidMemory {
-                        reason: "region user address overflows",
-                    })?;
-                // Mapping past the end of the file would map pages that fault with SIGBUS on
-                // first access: refuse it here. (A frontend that shrinks the file later is
-                // handled by `fault`.)
-                let file_len = check_ram_file(&s.file)?;
-                if s.mmap_offset
-                    .checked_add(s.size)
-                    .is_none_or(|end| end > file_len)
-                {
-                    return Err(Error::InvalidMemory {
-                        reason: "region extends past the end of its file",
-                    });
-                }
-                let fo = FileOffset::new(s.file, s.mmap_offset);
-                let mmap = MmapRegion::from_file(fo, len).map_err(mmap_error)?;
-                Ok((s.guest_addr, s.user_addr, mmap))
-            })
+            .map(Region::from_source)
             .collect::<Result<Vec<_>, Error>>()?;
-        Self::from_mappings(regions, true)
+        Self::from_regions(regions)
     }
 
-    /// `peer`: the files are the peer's, which may shrink them (see [`fault`]).
+    /// This memory with one more region a frontend sent (VHOST_USER_ADD_MEM_REG), checked as
+    /// [`GuestMemory::from_sources`] checks its regions, and refused if it overlaps one of
+    /// these or would make more than [`MAX_REGIONS`]. The regions kept share their mappings
+    /// with `self`.
+    pub fn with_region(&self, source: RegionSource) -> Result<GuestMemory, Error> {
+        if self.regions.len() >= MAX_REGIONS {
+            return Err(Error::InvalidMemory {
+                reason: "more than 509 regions",
+            });
+        }
+        let mut regions = self.regions.clone();
+        regions.push(Region::from_source(source)?);
+        Self::from_regions(regions)
+    }
+
+    /// This memory without the region at `guest_addr` of `size` bytes at the frontend's
+    /// `user_addr` (VHOST_USER_REM_MEM_REG names a region by these three), or `None` if it was
+    /// the only one. A region that is not exactly one of these is refused.
+    pub fn without_region(
+        &self,
+        guest_addr: GuestAddress,
+        size: u64,
+        user_addr: u64,
+    ) -> Result<Option<GuestMemory>, Error> {
+        let i = self
+            .regions
+            .iter()
+            .position(|r| r.guest == guest_addr.0 && r.len == size && r.user_addr == user_addr)
+            .ok_or(Error::InvalidMemory {
+                reason: "no such region to remove",
+            })?;
+        let mut regions = self.regions.clone();
+        regions.remove(i);
+        if regions.is_empty() {
+            return Ok(None);
+        }
+        Self::from_regions(regions).map(Some)
+    }
+
+    /// Anonymous or our own memfds: regions in this process, not a peer's.
     fn from_mappings(
         mappings: Vec<(GuestAddress, u64, MmapRegion<()>)>,
         peer: bool,
     ) -> Result<Self, Error> {
-        if mappings.is_empty() {
+        let regions = mappings
+            .into_iter()
+            .map(|(guest, user_addr, mmap)| Region::new(guest, user_addr, mmap, peer))
+            .collect::<Result<Vec<_>, Error>>()?;
+        Self::from_regions(regions)
+    }
+
+    /// Sorts `regions` and checks that they do not overlap, in guest or in user space.
+    fn from_regions(mut regions: Vec<Region>) -> Result<Self, Error> {
+        if regions.is_empty() || regions.len() > MAX_REGIONS {
             return Err(Error::InvalidMemory {
-                reason: "no regions",
+                reason: "region count is 0 or above 509",
             });
         }
-        let mut regions = Vec::with_capacity(mappings.len());
-        for (guest, user_addr, mmap) in mappings {
-            let host = NonNull::new(mmap.as_ptr()).ok_or(Error::InvalidMemory {
-                reason: "mapping at address 0",
-            })?;
-            let len = mmap.size() as u64;
-            if len == 0 || guest.0.checked_add(len).is_none() {
-                return Err(Error::InvalidMemory {
-                    reason: "region size is 0 or overflows",
-                });
-            }
-            let fault = if peer {
-                Some(fault::Registration::new(host.as_ptr(), mmap.size())?)
-            } else {
-                None
-            };
-            regions.push(Region {
-                guest: guest.0,
-                len,
-                user_addr,
-                host,
-                fault,
-                mmap,
+        // Sorted, a region can only overlap its neighbour (in each space).
+        let disjoint = |sorted: &[&Region], key: fn(&Region) -> u64| {
+            sorted.windows(2).all(|w| key(w[0]) + w[0].len <= key(w[1]))
+        };
+        let mut by_user: Vec<&Region> = regions.iter().collect();
+        by_user.sort_by_key(|r| r.user_addr);
+        if !disjoint(&by_user, |r| r.user_addr) {
+            return Err(Error::InvalidMemory {
+                reason: "regions overlap in user space",
             });
         }
         regions.sort_by_key(|r| r.guest);
-        let overlaps = |a: &Region, b: &Region, key: fn(&Region) -> u64| {
-            key(a) < key(b) + b.len && key(b) < key(a) + a.len
-        };
-        for (i, a) in regions.iter().enumerate() {
-            for b in &regions[i + 1..] {
-                if overlaps(a, b, |r| r.guest) {
-                    return Err(Error::InvalidMemory {
-                        reason: "regions overlap in guest space",
-                    });
-                }
-                if overlaps(a, b, |r| r.user_addr) {
-                    return Err(Error::InvalidMemory {
-                        reason: "regions overlap in user space",
-                    });
-                }
-            }
+        let by_guest: Vec<&Region> = regions.iter().collect();
+        if !disjoint(&by_guest, |r| r.guest) {
+            return Err(Error::InvalidMemory {
+                reason: "regions overlap in guest space",
+            });
         }
         Ok(GuestMemory {
             regions,
@@ -261,7 +334,7 @@ impl GuestMemory {
     pub fn faulted(&self) -> bool {
         self.regions
             .iter()
-            .any(|r| r.fault.as_ref().is_some_and(|f| f.faulted()))
+            .any(|r| r.mapping.fault.as_ref().is_some_and(|f| f.faulted()))
     }
 
     /// The regions, for sharing them with a peer.
@@ -271,8 +344,8 @@ impl GuestMemory {
             size: r.len,
             user_addr: r.user_addr,
             host_addr: r.host.as_ptr() as u64,
-            file: r.mmap.file_offset().map(|f| f.file()),
-            file_offset: r.mmap.file_offset().map_or(0, |f| f.start()),
+            file: r.mapping.mmap.file_offset().map(|f| f.file()),
+            file_offset: r.mapping.mmap.file_offset().map_or(0, |f| f.start()),
         })
     }
 
@@ -287,14 +360,22 @@ impl GuestMemory {
     /// The region holding `[addr, addr + len)` entirely, and the offset of `addr` in it.
     #[inline]
     fn find(&self, addr: GuestAddress, len: u64) -> Option<(&Region, usize)> {
-        // Few regions (QEMU sends 1-3): a linear scan beats a binary search.
-        for r in &self.regions {
-            let off = addr.0.wrapping_sub(r.guest);
-            if off < r.len {
-                return (len <= r.len - off).then_some((r, off as usize));
+        // Few regions (QEMU sends 1-3): a linear scan beats a binary search. Hotplugged
+        // memory can bring hundreds (MAX_REGIONS), sorted by guest address.
+        let r = if self.regions.len() <= LINEAR_LOOKUP {
+            self.regions
+                .iter()
+                .find(|r| addr.0.wrapping_sub(r.guest) < r.len)?
+        } else {
+            let i = self.regions.partition_point(|r| r.guest <= addr.0);
+            let r = &self.regions[i.checked_sub(1)?];
+            if addr.0 - r.guest >= r.len {
+                return None;
             }
-        }
-        None
+            r
+        };
+        let off = addr.0 - r.guest;
+        (len <= r.len - off).then_some((r, off as usize))
     }
 
     /// Whether `[addr, addr + len)` lies inside one region. A zero-length range must still
@@ -493,9 +574,11 @@ pub trait SharedAtomic: sealed::Sealed + Sync + Send + 'static {}
 impl SharedAtomic for AtomicU16 {}
 impl SharedAtomic for AtomicU32 {}
 impl SharedAtomic for AtomicU64 {}
+mod dirty;
 mod fault;
 mod vectored;
 
+pub use dirty::{DirtyLog, LOG_PAGE};
 pub use fault::fault_count;
 pub use vectored::MAX_IOVECS;
 
@@ -919,6 +1002,183 @@ mod tests {
         );
         let empty = GuestMemory::from_sources(vec![]);
         assert!(matches!(empty, Err(Error::InvalidMemory { .. })));
+    }
+
+    #[test]
+    fn many_regions_are_searched_as_well_as_few_are_scanned() {
+        // 40 regions of one page with a page gap between each, given out of order.
+        let layout: Vec<_> = (0..40u64)
+            .rev()
+            .map(|i| (GuestAddress(0x10_0000 + i * 0x2000), 4096))
+            .collect();
+        let mem = GuestMemory::anonymous(&layout).unwrap();
+        for i in 0..40u64 {
+            let base = 0x10_0000 + i * 0x2000;
+            assert!(mem.contains(GuestAddress(base), 4096), "region {i}");
+            assert!(mem.contains(GuestAddress(base + 4095), 1));
+            assert!(!mem.contains(GuestAddress(base + 4095), 2), "into the gap");
+            assert!(!mem.contains(GuestAddress(base + 4096), 1), "the gap");
+            mem.write(GuestAddress(base + 8), &i.to_le_bytes()).unwrap();
+        }
+        for i in 0..40u64 {
+            let mut b = [0u8; 8];
+            mem.read(GuestAddress(0x10_0000 + i * 0x2000 + 8), &mut b)
+                .unwrap();
+            assert_eq!(u64::from_le_bytes(b), i);
+        }
+        assert!(!mem.contains(GuestAddress(0), 1), "below the first");
+        assert!(
+            !mem.contains(GuestAddress(0x10_0000 + 40 * 0x2000), 1),
+            "past the last"
+        );
+        assert!(!mem.contains(GuestAddress(u64::MAX), 1));
+    }
+
+    /// A region source of `pages` pages at `guest`, on a fresh memfd-like shm file.
+    fn shm_source(tag: &str, guest: u64, user: u64, pages: u64) -> (RegionSource, File) {
+        let file = shm_file(tag, pages * 4096);
+        let peer = file.try_clone().unwrap();
+        let s = RegionSource {
+            guest_addr: GuestAddress(guest),
+            size: pages * 4096,
+            user_addr: user,
+            file,
+            mmap_offset: 0,
+        };
+        (s, peer)
+    }
+
+    #[test]
+    fn a_region_added_is_reachable_and_the_others_keep_their_mappings() {
+        let (first, _f1) = shm_source("add-a", 0, 0x7000_0000, 4);
+        let mem = GuestMemory::from_sources(vec![first]).unwrap();
+        mem.write(GuestAddress(16), b"old").unwrap();
+        let (second, f2) = shm_source("add-b", 0x10_0000, 0x7100_0000, 2);
+        let grown = mem.with_region(second).unwrap();
+        // The new region is the file's memory; the old one is the same mapping in both.
+        grown.write(GuestAddress(0x10_0000 + 5), b"new").unwrap();
+        let mut back = [0u8; 3];
+        std::os::unix::fs::FileExt::read_exact_at(&f2, &mut back, 5).unwrap();
+        assert_eq!(&back, b"new");
+        grown.read(GuestAddress(16), &mut back).unwrap();
+        assert_eq!(&back, b"old");
+        let host = |m: &GuestMemory| m.regions().next().unwrap().host_addr;
+        assert_eq!(
+            host(&mem),
+            host(&grown),
+            "the first region was mapped again"
+        );
+        assert_eq!(
+            grown.user_to_guest(0x7100_0010),
+            Some(GuestAddress(0x10_0010))
+        );
+        // The memory it grew from is untouched, and outlives the new one.
+        assert!(!mem.contains(GuestAddress(0x10_0000), 1));
+        drop(grown);
+        mem.write(GuestAddress(16), b"yes").unwrap();
+    }
+
+    #[test]
+    fn regions_that_overlap_or_do_not_fit_are_not_added() {
+        let (first, _f) = shm_source("bad-a", 0x10_0000, 0x7000_0000, 4);
+        let mem = GuestMemory::from_sources(vec![first]).unwrap();
+        let refused = |s: RegionSource| match mem.with_region(s) {
+            Err(Error::InvalidMemory { reason }) => reason,
+            other => panic!("added: {other:?}"),
+        };
+        // Overlapping in guest space (the last page), in user space, or containing it.
+        let (s, _f) = shm_source("bad-b", 0x10_3000, 0x7200_0000, 2);
+        assert_eq!(refused(s), "regions overlap in guest space");
+        let (s, _f) = shm_source("bad-c", 0x20_0000, 0x7000_1000, 1);
+        assert_eq!(refused(s), "regions overlap in user space");
+        let (s, _f) = shm_source("bad-d", 0x0, 0x7200_0000, 1024);
+        assert_eq!(refused(s), "regions overlap in guest space");
+        // Zero bytes, past the end of its file, an address range that wraps.
+        let (mut s, _f) = shm_source("bad-e", 0x20_0000, 0x7200_0000, 1);
+        s.size = 0;
+        assert_eq!(refused(s), "region size is 0 or overflows");
+        let (mut s, _f) = shm_source("bad-f", 0x20_0000, 0x7200_0000, 1);
+        s.size = 2 * 4096;
+        assert_eq!(refused(s), "region extends past the end of its file");
+        let (mut s, _f) = shm_source("bad-g", u64::MAX - 4095, 0x7200_0000, 1);
+        s.size = 8192;
+        assert_eq!(refused(s), "region size is 0 or overflows");
+        assert_eq!(mem.regions().count(), 1);
+    }
+
+    #[test]
+    fn regions_are_removed_only_by_their_exact_address_size_and_user_address() {
+        let (a, _fa) = shm_source("rem-a", 0, 0x7000_0000, 2);
+        let (b, _fb) = shm_source("rem-b", 0x10_0000, 0x7100_0000, 2);
+        let mem = GuestMemory::from_sources(vec![a])
+            .unwrap()
+            .with_region(b)
+            .unwrap();
+        let missing = |r: Result<Option<GuestMemory>, Error>| {
+            matches!(
+                r,
+                Err(Error::InvalidMemory {
+                    reason: "no such region to remove"
+                })
+            )
+        };
+        assert!(missing(mem.without_region(
+            GuestAddress(0x10_0000),
+            4096,
+            0x7100_0000
+        )));
+        assert!(missing(mem.without_region(
+            GuestAddress(0x10_1000),
+            8192,
+            0x7100_0000
+        )));
+        assert!(missing(mem.without_region(
+            GuestAddress(0x10_0000),
+            8192,
+            0x7000_0000
+        )));
+        let one = mem
+            .without_region(GuestAddress(0x10_0000), 8192, 0x7100_0000)
+            .unwrap()
+            .expect("one region left");
+        assert!(!one.contains(GuestAddress(0x10_0000), 1));
+        assert!(one.contains(GuestAddress(0), 8192));
+        assert!(
+            mem.contains(GuestAddress(0x10_0000), 8192),
+            "the old memory keeps it"
+        );
+        let none = one
+            .without_region(GuestAddress(0), 8192, 0x7000_0000)
+            .unwrap();
+        assert!(none.is_none(), "the last region went");
+    }
+
+    #[test]
+    fn no_more_than_max_regions_are_added() {
+        let file = shm_file("max", 4096);
+        let source = |i: u64| RegionSource {
+            guest_addr: GuestAddress(i * 4096),
+            size: 4096,
+            user_addr: 0x7000_0000 + i * 4096,
+            file: file.try_clone().unwrap(),
+            mmap_offset: 0,
+        };
+        let sources = (0..MAX_REGIONS as u64).map(source).collect();
+        let full = GuestMemory::from_sources(sources).unwrap();
+        assert_eq!(full.regions().count(), MAX_REGIONS);
+        assert!(full.contains(GuestAddress(300 * 4096 + 10), 100));
+        assert!(matches!(
+            full.with_region(source(MAX_REGIONS as u64)),
+            Err(Error::InvalidMemory {
+                reason: "more than 509 regions"
+            })
+        ));
+        let fewer = full
+            .without_region(GuestAddress(7 * 4096), 4096, 0x7000_0000 + 7 * 4096)
+            .unwrap()
+            .unwrap();
+        assert!(!fewer.contains(GuestAddress(7 * 4096), 1));
+        assert!(fewer.with_region(source(MAX_REGIONS as u64)).is_ok());
     }
 
     /// A file of `len` bytes in `dir`, unlinked. (`testkit::pair::shm_memory` is the same for

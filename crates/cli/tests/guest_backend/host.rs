@@ -109,6 +109,37 @@ impl Host {
         self.backend = Some(backend);
     }
 
+    /// Another `virtnet backend` in the namespace, on the same (multi-queue) TAP, with its
+    /// own sockets `NAME.sock` and `NAME-ctl.sock` and log `NAME.log`: a live migration's
+    /// destination. Returns the process and its vhost-user socket.
+    pub fn spawn_backend(&self, name: &str) -> (Proc, PathBuf) {
+        let socket = self.dir.join(&format!("{name}.sock"));
+        let ctl = self.dir.join(&format!("{name}-ctl.sock"));
+        let _ = std::fs::remove_file(&socket);
+        let _ = std::fs::remove_file(&ctl);
+        let mut argv: Vec<&str> = vec![
+            BIN,
+            "backend",
+            "--socket-path",
+            socket.to_str().unwrap(),
+            "--tap",
+            &self.tap.name,
+            "--ctl",
+            ctl.to_str().unwrap(),
+        ];
+        argv.extend(self.backend_args.iter().map(String::as_str));
+        let log = self.dir.join(&format!("{name}.log"));
+        let mut backend = self.ns.spawn(&argv, Some(&log)).expect("virtnet backend");
+        wait_for_path(&mut backend, &ctl, Duration::from_secs(10)).expect("backend ctl");
+        wait_for_path(&mut backend, &socket, Duration::from_secs(10)).expect("backend socket");
+        (backend, socket)
+    }
+
+    /// The scratch directory of this test (sockets, logs).
+    pub fn dir(&self) -> &std::path::Path {
+        self.dir.path()
+    }
+
     /// Kills the backend process (SIGKILL: no chance to clean up).
     pub fn kill_backend(&mut self) {
         let mut backend = self.backend.take().expect("a running backend");

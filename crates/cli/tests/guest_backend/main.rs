@@ -16,6 +16,7 @@
 //!   connects again, and the guest's network comes back.
 //! - [`jumbo_mtu_guest_pings_the_host_with_8000_byte_packets`]: `host_mtu=9000`; QEMU's
 //!   NET_SET_MTU sets the TAP's MTU, and 8000-byte pings pass whole, none lost.
+//! - [`migrate`]: memory hotplug, and live migration to another backend and on again.
 //! - [`figures_backend_vs_qemu_tap`] (ignored): TCG-bound figures, ours beside QEMU's own TAP
 //!   backend, A/B interleaved, medians (docs/PERFORMANCE.md).
 //!
@@ -28,6 +29,7 @@
 //! [`traffic`] is the guest's traffic script and the checks every traffic run must pass.
 
 mod host;
+mod migrate;
 mod stats;
 mod traffic;
 
