@@ -85,6 +85,7 @@ impl Rig {
             multi_queue: true,
             vnet_hdr: true,
             mtu: None,
+            owner: None,
         })
         .expect("input TAP");
         // Both TAPs are opened from a thread inside the namespace; the output TAP is created

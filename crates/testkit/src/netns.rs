@@ -32,6 +32,9 @@ pub struct TapSpec {
     /// IFF_VNET_HDR.
     pub vnet_hdr: bool,
     pub mtu: Option<u32>,
+    /// The uid and gid that own the TAP (`ip tuntap ... user U group G`): that user may
+    /// attach to it without CAP_NET_ADMIN.
+    pub owner: Option<u32>,
 }
 
 impl TapSpec {
@@ -44,6 +47,7 @@ impl TapSpec {
             multi_queue: true,
             vnet_hdr: true,
             mtu: None,
+            owner: None,
         }
     }
 
@@ -98,6 +102,10 @@ impl NetNs {
         }
         if tap.vnet_hdr {
             args.push("vnet_hdr");
+        }
+        let owner = tap.owner.map(|u| u.to_string());
+        if let Some(u) = &owner {
+            args.extend(["user", u, "group", u]);
         }
         self.exec_ip(&args)?;
         if let Some(mtu) = tap.mtu {

@@ -34,6 +34,8 @@ pub struct Host {
     ctl: PathBuf,
     backend_args: Vec<String>,
     backend_starts: u32,
+    /// Run the backend as this uid and gid, with no capabilities (`setpriv`).
+    run_as: Option<u32>,
     dir: ScratchDir,
 }
 
@@ -50,6 +52,7 @@ impl Host {
             ctl: dir.join("ctl.sock"),
             backend_args: Vec::new(),
             backend_starts: 0,
+            run_as: tap.owner,
             ns,
             tap,
             dir,
@@ -63,6 +66,21 @@ impl Host {
     pub fn with_backend(tag: &str, backend_args: &[&str]) -> Host {
         let mut host = Host::new(tag, TapSpec::for_backend());
         host.backend_args = backend_args.iter().map(|s| s.to_string()).collect();
+        host.start_backend();
+        host
+    }
+
+    /// As [`Host::with_backend`], the backend run as `uid` with no capability at all, on a
+    /// TAP that `uid` owns (README, "Without root").
+    pub fn with_unprivileged_backend(tag: &str, uid: u32) -> Host {
+        let tap = TapSpec {
+            owner: Some(uid),
+            ..TapSpec::for_backend()
+        };
+        let mut host = Host::new(tag, tap);
+        // The backend creates its sockets here.
+        let mode = <std::fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(0o1777);
+        std::fs::set_permissions(host.dir.path(), mode).expect("chmod the scratch dir");
         host.start_backend();
         host
     }
@@ -85,7 +103,13 @@ impl Host {
         if !self.client_mode() {
             let _ = std::fs::remove_file(&self.socket);
         }
-        let mut argv: Vec<&str> = vec![
+        let uid = self.run_as.map(|u| u.to_string());
+        let mut argv: Vec<&str> = Vec::new();
+        if let Some(u) = &uid {
+            argv.extend(["setpriv", "--reuid", u, "--regid", u, "--clear-groups"]);
+            argv.extend(["--inh-caps", "-all", "--bounding-set", "-all"]);
+        }
+        argv.extend([
             BIN,
             "backend",
             "--socket-path",
@@ -94,7 +118,7 @@ impl Host {
             &self.tap.name,
             "--ctl",
             self.ctl.to_str().unwrap(),
-        ];
+        ]);
         argv.extend(self.backend_args.iter().map(String::as_str));
         let log = self
             .dir

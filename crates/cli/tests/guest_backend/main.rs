@@ -94,6 +94,31 @@ fn linux_guest_traffic_through_virtnet_backend() {
     assert!(sets > 0, "QEMU never sent SET_STATUS");
 }
 
+/// The backend run as nobody, with no capability, on a TAP nobody owns: the guest's traffic
+/// runs as with root (README, "Without root").
+#[test]
+fn linux_guest_traffic_through_an_unprivileged_backend() {
+    const TEST: &str = "guest_backend_unprivileged";
+    let _serial = serial();
+    let Some(image) = prerequisites(TEST) else {
+        return;
+    };
+    if let Err(reason) = packages::ensure(&[Requirement::command("setpriv", "util-linux")]) {
+        packages::skip(TEST, &reason);
+        return;
+    }
+    let mut host = Host::with_unprivileged_backend("unpriv", 65534);
+    let pid = host.backend().pid();
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    assert!(
+        status.lines().any(|l| l.starts_with("Uid:\t65534")),
+        "the backend runs as nobody"
+    );
+    assert!(status.lines().any(|l| l == "CapEff:\t0000000000000000"));
+    let backend = host.traffic_round(image, 5, IPERF_PORT, 3);
+    assert_eq!(backend.sum("rx", "dropped"), 0, "rx frames dropped");
+}
+
 /// Busy polling, set live through the control socket: the worker spins on the rings (and the
 /// TAP) before sleeping, and finds work there.
 #[test]
