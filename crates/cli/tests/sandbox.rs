@@ -184,11 +184,15 @@ fn an_unprivileged_user_runs_the_backend_on_a_tap_it_owns() {
         .status()
         .unwrap();
     let socket = dir.join("vhost.sock");
+    // The build directory may be closed to other users (a checkout under /root): nobody runs
+    // a copy.
+    let bin = dir.join("virtnet");
+    std::fs::copy(BIN, &bin).unwrap();
     let mut child = Backend(
         ns.command("setpriv")
             .args(["--reuid", "65534", "--regid", "65534", "--clear-groups"])
             .args(["--inh-caps", "-all", "--bounding-set", "-all"])
-            .arg(BIN)
+            .arg(&bin)
             .args(["backend", "--tap", tap, "--socket-path"])
             .arg(&socket)
             .spawn()

@@ -104,13 +104,21 @@ impl Host {
             let _ = std::fs::remove_file(&self.socket);
         }
         let uid = self.run_as.map(|u| u.to_string());
+        // The build directory may be closed to other users (a checkout under /root): another
+        // user runs a copy from the scratch directory.
+        let copy = self.dir.join("virtnet");
+        let mut bin = BIN;
         let mut argv: Vec<&str> = Vec::new();
         if let Some(u) = &uid {
+            if !copy.exists() {
+                std::fs::copy(BIN, &copy).expect("a copy of the binary");
+            }
+            bin = copy.to_str().unwrap();
             argv.extend(["setpriv", "--reuid", u, "--regid", u, "--clear-groups"]);
             argv.extend(["--inh-caps", "-all", "--bounding-set", "-all"]);
         }
         argv.extend([
-            BIN,
+            bin,
             "backend",
             "--socket-path",
             self.socket.to_str().unwrap(),
