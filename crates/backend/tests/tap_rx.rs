@@ -168,6 +168,8 @@ fn a_udp_gso_super_frame_arrives_whole_over_merged_buffers() {
     assert_eq!(hdr.gso_size, 1000, "{hdr:?}");
     assert!(hdr.num_buffers > 1, "merged over buffers: {hdr:?}");
     assert_eq!(udp_payload(f), &data[..]);
+    // Whole, whichever way it was read (straight into the buffers, or through the bounce
+    // buffer if the guest's buffers were not all visible yet on a loaded machine).
     let rx = b.device.reports()[0].counters.clone();
-    assert_eq!((rx.dropped, rx.rx_bounced), (0, 0), "{rx:?}");
+    assert_eq!(rx.dropped, 0, "{rx:?}");
 }
