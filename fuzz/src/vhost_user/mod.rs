@@ -203,7 +203,10 @@ fn assert_answers_get_features(c: &mut Conn, device: &Device) {
     c.frontend.write_all(&wire(&m)).unwrap();
     assert!(c.serve(), "GET_FEATURES closed the connection");
     let (got, _) = c.received();
-    let want = device.offered_features().0 | PROTOCOL_FEATURES_BIT;
+    // What the backend offers: the device's features, the protocol-features bit and live
+    // migration's LOG_ALL (both vhost-user's, not the device's).
+    let want =
+        device.offered_features().0 | PROTOCOL_FEATURES_BIT | virtnet_backend::vhost::LOG_ALL.0;
     let mut reply = Vec::new();
     reply.extend(code::GET_FEATURES.to_le_bytes());
     reply.extend((VERSION_1 | REPLY).to_le_bytes());
