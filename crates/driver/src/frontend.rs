@@ -371,6 +371,23 @@ impl Connection {
         if !self.has_status() {
             return Ok(());
         }
+        match self.send_u64(FrontendReq::SET_STATUS, "SET_STATUS", value.into())? {
+            Some(code) if code != 0 => Err(FrontendError::Status {
+                request: "SET_STATUS",
+                reason: format!("the backend refused status {value:#x} (reply {code})"),
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// Sends `req` (one we frame ourselves, see `vhost_wire`) with a u64 payload, asking for
+    /// an ack when REPLY_ACK was negotiated; returns the ack's code then, None without it.
+    fn send_u64(
+        &mut self,
+        req: FrontendReq,
+        name: &'static str,
+        value: u64,
+    ) -> Result<Option<u64>, FrontendError> {
         let ack = self.protocol.contains(VhostUserProtocolFeatures::REPLY_ACK);
         let need_reply = if ack {
             VhostUserHeaderFlag::NEED_REPLY.bits()
@@ -378,21 +395,16 @@ impl Connection {
             0
         };
         let msg = vhost_wire::encode(
-            FrontendReq::SET_STATUS,
+            req,
             vhost_wire::VERSION_1 | need_reply,
-            &u64::from(value).to_ne_bytes(),
+            &value.to_ne_bytes(),
         );
         self.raw.write_all(&msg)?;
-        if ack {
-            let code = self.reply(FrontendReq::SET_STATUS, "SET_STATUS")?;
-            if code != 0 {
-                return Err(FrontendError::Status {
-                    request: "SET_STATUS",
-                    reason: format!("the backend refused status {value:#x} (reply {code})"),
-                });
-            }
-        }
-        Ok(())
+        Ok(if ack {
+            Some(self.reply(req, name)?)
+        } else {
+            None
+        })
     }
 
     /// Tells the backend the MTU the driver is given (NET_SET_MTU, what QEMU sends for
@@ -408,27 +420,12 @@ impl Connection {
                 "the MTU protocol feature was not negotiated".into(),
             ));
         }
-        let ack = self.protocol.contains(VhostUserProtocolFeatures::REPLY_ACK);
-        let need_reply = if ack {
-            VhostUserHeaderFlag::NEED_REPLY.bits()
-        } else {
-            0
-        };
-        let msg = vhost_wire::encode(
-            FrontendReq::NET_SET_MTU,
-            vhost_wire::VERSION_1 | need_reply,
-            &u64::from(mtu).to_ne_bytes(),
-        );
-        self.raw.write_all(&msg)?;
-        if ack {
-            let code = self.reply(FrontendReq::NET_SET_MTU, "NET_SET_MTU")?;
-            if code != 0 {
-                return Err(refused(format!(
-                    "the backend refused MTU {mtu} (reply {code})"
-                )));
-            }
+        match self.send_u64(FrontendReq::NET_SET_MTU, "NET_SET_MTU", mtu.into())? {
+            Some(code) if code != 0 => Err(refused(format!(
+                "the backend refused MTU {mtu} (reply {code})"
+            ))),
+            _ => Ok(()),
         }
-        Ok(())
     }
 
     /// Waits up to `timeout` for the backend to close the connection, and returns whether it
