@@ -1,8 +1,8 @@
 //! The backend's control plane: a unix socket for `virtnet ctl` (one JSON request per line,
 //! one JSON answer per line) and a Prometheus `/metrics` endpoint over plain HTTP.
 //!
-//! Requests: `{"cmd":"stats"}` and `{"cmd":"set-busy-poll","us":50,"queue":1}` (`queue`
-//! optional: all queues).
+//! Requests: `{"cmd":"stats"}` and `{"cmd":"set-busy-poll","us":50,"queue":1}` (`us`: a
+//! timeout in microseconds, 0 off, or `"auto"`; `queue` optional: all queues).
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
@@ -15,13 +15,13 @@ use serde::{Deserialize, Serialize};
 
 use super::metrics::{prometheus, QueueReport};
 use super::session::accept_failed;
-use super::Device;
+use super::{BusyPoll, Device};
 
 #[derive(Debug, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(tag = "cmd", rename_all = "kebab-case")]
 pub enum Request {
     Stats,
-    SetBusyPoll { us: u32, queue: Option<usize> },
+    SetBusyPoll { us: BusyPoll, queue: Option<usize> },
 }
 
 #[derive(Debug, Deserialize, Serialize)]
@@ -35,6 +35,7 @@ pub struct StatsReply {
 pub struct QueueReportOwned {
     pub index: u16,
     pub kind: String,
+    pub busy_poll: BusyPoll,
     pub busy_poll_us: u32,
     pub coalesce_max_packets: u32,
     pub coalesce_max_usecs: u32,
@@ -169,7 +170,14 @@ mod tests {
         assert_eq!(
             serde_json::from_str::<Request>(r#"{"cmd":"set-busy-poll","us":50}"#).unwrap(),
             Request::SetBusyPoll {
-                us: 50,
+                us: BusyPoll::Fixed(50),
+                queue: None
+            }
+        );
+        assert_eq!(
+            serde_json::from_str::<Request>(r#"{"cmd":"set-busy-poll","us":"auto"}"#).unwrap(),
+            Request::SetBusyPoll {
+                us: BusyPoll::Auto,
                 queue: None
             }
         );
@@ -180,6 +188,8 @@ mod tests {
         .unwrap();
         let a = answer(&device, r#"{"cmd":"set-busy-poll","us":20,"queue":1}"#);
         assert_eq!(a, r#"{"ok":true}"#);
+        let a = answer(&device, r#"{"cmd":"set-busy-poll","us":0,"queue":0}"#);
+        assert_eq!(a, r#"{"ok":true}"#);
         let stats: StatsReply =
             serde_json::from_str(&answer(&device, r#"{"cmd":"stats"}"#)).unwrap();
         assert_eq!(stats.queues.len(), 3);
@@ -189,10 +199,16 @@ mod tests {
             (stats.queues[0].busy_poll_us, stats.queues[1].busy_poll_us),
             (0, 20)
         );
+        assert_eq!(
+            (stats.queues[0].busy_poll, stats.queues[2].busy_poll),
+            (BusyPoll::Off, BusyPoll::Auto),
+            "the default is auto"
+        );
         assert_eq!(stats.queues[1].counters["packets"], 0);
         assert!(
             answer(&device, r#"{"cmd":"set-busy-poll","us":20,"queue":9}"#).contains("no queue 9")
         );
+        assert!(answer(&device, r#"{"cmd":"set-busy-poll","us":"often"}"#).contains("bad request"));
         assert!(answer(&device, "garbage").contains("bad request"));
     }
 }

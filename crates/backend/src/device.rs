@@ -12,6 +12,7 @@ use vring::Features;
 use super::ctrlq::CtrlWorker;
 use super::host::{echo::EchoPort, null::NullPort, tap::TapPort, Host};
 use super::metrics::{QueueCounters, QueueReport};
+use super::poll::BusyPoll;
 use super::queue::QueueId;
 use super::shared::{check_pairs, mac_to_u64, BackendConfig, IoMode, Shared};
 use super::thread::WorkerHandle;
@@ -148,16 +149,12 @@ impl Device {
             .count()
     }
 
-    /// Sets the busy-poll timeout of one queue, or of all.
-    pub fn set_busy_poll(&self, us: u32, queue: Option<usize>) -> Result<(), String> {
+    /// Sets busy polling of one queue, or of all.
+    pub fn set_busy_poll(&self, b: BusyPoll, queue: Option<usize>) -> Result<(), String> {
         let m = &self.shared.tunables;
         match queue {
-            Some(q) => m
-                .get(q)
-                .ok_or(format!("no queue {q}"))?
-                .busy_poll_us
-                .store(us, Relaxed),
-            None => m.iter().for_each(|m| m.busy_poll_us.store(us, Relaxed)),
+            Some(q) => m.get(q).ok_or(format!("no queue {q}"))?.set_busy_poll(b),
+            None => m.iter().for_each(|m| m.set_busy_poll(b)),
         }
         Ok(())
     }

@@ -10,7 +10,8 @@
 //!   (NET_SET_MTU) and [`rarp`] (SEND_RARP, the announcement after a live migration);
 //! - [`device`]: the device and its worker threads;
 //! - [`ctrlq`]: the control virtqueue (spec 5.1.6.5) on its own thread;
-//! - [`worker`]: the data path of one queue pair (turns, busy polling, sleeping);
+//! - [`worker`]: the data path of one queue pair (turns, busy polling, sleeping); [`poll`]:
+//!   the busy-poll setting and the auto policy;
 //! - [`rx`]: guest receive into posted buffers; [`host`]: the host ports (tap, null, echo);
 //! - [`shared`]: the device's configuration and the state its parts share;
 //! - [`thread`]: a worker's thread and command channel; [`queue`]: a running queue, its
@@ -34,6 +35,7 @@ pub mod host;
 pub mod intercept;
 pub mod metrics;
 pub mod mtu;
+pub mod poll;
 pub mod queue;
 pub mod rarp;
 pub mod rx;
@@ -48,6 +50,7 @@ pub mod worker;
 
 pub use device::{Device, DeviceReport};
 pub use error::Error;
+pub use poll::BusyPoll;
 pub use queue::{QueueId, QueueRuntime};
 pub use session::{serve, serve_client, serve_connection, RequestHandler, Session};
 pub use shared::{

@@ -9,6 +9,8 @@ use serde::Serialize;
 
 use vnet::ctrl::Coalesce;
 
+use super::poll::BusyPoll;
+
 /// Why a busy poll ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PollExit {
@@ -20,6 +22,9 @@ pub enum PollExit {
     OtherWork,
     /// The scheduler took the CPU from us for another task: someone else wants it.
     Yield,
+    /// A signal is pending (SIGTERM or SIGINT on its way to the thread that takes them).
+    Signal,
+    /// The device is shutting the worker down.
     Shutdown,
 }
 
@@ -54,7 +59,13 @@ vnet::counters! {
         busy_poll_timeouts,
         busy_poll_exit_other_work,
         busy_poll_exit_yield,
+        busy_poll_exit_signal,
         busy_poll_exit_shutdown,
+        /// Busy polling auto: idle turns it slept through without polling (hits too rare, or
+        /// the CPU contended), and the times it found the CPU wanted by other tasks and
+        /// stopped polling for a while.
+        busy_poll_skipped,
+        busy_poll_contended,
         /// Turns that stopped at the packet or byte weight, leaving the other queues a turn.
         weight_exhausted,
         /// Calls held back by notification coalescing, then sent when the packet count or the
@@ -97,24 +108,50 @@ impl QueueCounters {
             PollExit::Timeout => &self.busy_poll_timeouts,
             PollExit::OtherWork => &self.busy_poll_exit_other_work,
             PollExit::Yield => &self.busy_poll_exit_yield,
+            PollExit::Signal => &self.busy_poll_exit_signal,
             PollExit::Shutdown => &self.busy_poll_exit_shutdown,
         };
         f.add(1);
     }
 }
 
-/// What one queue is told to do, changeable at run time: the busy-poll timeout (`virtnet
-/// ctl set-busy-poll`) and notification coalescing (NOTF_COAL / VQ_NOTF_COAL, set by the
-/// control queue).
+/// What one queue is told to do, changeable at run time: busy polling (`virtnet ctl
+/// set-busy-poll`) and notification coalescing (NOTF_COAL / VQ_NOTF_COAL, set by the
+/// control queue). And the poll budget auto chose last, to report it.
 #[derive(Debug, Default)]
 pub struct QueueTunables {
-    /// Busy-poll timeout in microseconds (0 = off).
-    pub busy_poll_us: AtomicU32,
+    /// [`BusyPoll::to_raw`].
+    busy_poll: AtomicU32,
+    auto_budget_us: AtomicU32,
     coalesce_max_packets: AtomicU32,
     coalesce_max_usecs: AtomicU32,
 }
 
 impl QueueTunables {
+    pub fn busy_poll(&self) -> BusyPoll {
+        BusyPoll::from_raw(self.busy_poll.load(Relaxed))
+    }
+
+    pub fn set_busy_poll(&self, b: BusyPoll) {
+        self.busy_poll.store(b.to_raw(), Relaxed);
+    }
+
+    /// What the worker's auto policy chose for its latest poll (reported, not obeyed).
+    pub fn set_auto_budget(&self, us: u32) {
+        if self.auto_budget_us.load(Relaxed) != us {
+            self.auto_budget_us.store(us, Relaxed);
+        }
+    }
+
+    /// How long a poll lasts now, in microseconds: the fixed timeout, or auto's budget.
+    pub fn busy_poll_us(&self) -> u32 {
+        match self.busy_poll() {
+            BusyPoll::Off => 0,
+            BusyPoll::Fixed(us) => us,
+            BusyPoll::Auto => self.auto_budget_us.load(Relaxed),
+        }
+    }
+
     pub fn coalesce(&self) -> Coalesce {
         Coalesce {
             max_packets: self.coalesce_max_packets.load(Relaxed),
@@ -134,6 +171,9 @@ pub struct QueueReport {
     pub index: u16,
     /// "rx", "tx" or "ctrl".
     pub kind: &'static str,
+    /// The setting: `"auto"` or a timeout in microseconds (0 off).
+    pub busy_poll: BusyPoll,
+    /// How long a poll lasts now: the fixed timeout, or the budget auto chose last.
     pub busy_poll_us: u32,
     pub coalesce_max_packets: u32,
     pub coalesce_max_usecs: u32,
@@ -148,7 +188,8 @@ impl QueueReport {
         QueueReport {
             index,
             kind,
-            busy_poll_us: t.busy_poll_us.load(Relaxed),
+            busy_poll: t.busy_poll(),
+            busy_poll_us: t.busy_poll_us(),
             coalesce_max_packets: coal.max_packets,
             coalesce_max_usecs: coal.max_usecs,
             counters: c.snapshot(),
@@ -196,6 +237,16 @@ pub fn prometheus(queues: &[QueueReport]) -> String {
             q.index, q.kind, q.busy_poll_us
         );
     }
+    let _ = writeln!(out, "# TYPE virtnet_queue_busy_poll_auto gauge");
+    for q in queues {
+        let _ = writeln!(
+            out,
+            "virtnet_queue_busy_poll_auto{{queue=\"{}\",kind=\"{}\"}} {}",
+            q.index,
+            q.kind,
+            (q.busy_poll == BusyPoll::Auto) as u8
+        );
+    }
     out
 }
 
@@ -225,5 +276,11 @@ mod tests {
         assert!(text.contains("virtnet_queue_packets_total{queue=\"0\",kind=\"rx\"} 5"));
         assert!(text.contains("virtnet_queue_kicks_total{queue=\"1\",kind=\"tx\"} 0"));
         assert!(text.contains("virtnet_queue_broken{queue=\"1\",kind=\"tx\"} 0"));
+        assert!(text.contains("virtnet_queue_busy_poll_auto{queue=\"1\",kind=\"tx\"} 0"));
+        t.set_busy_poll(BusyPoll::Auto);
+        t.set_auto_budget(14);
+        let text = prometheus(&[QueueReport::new(0, "rx", &m, &t)]);
+        assert!(text.contains("virtnet_queue_busy_poll_auto{queue=\"0\",kind=\"rx\"} 1"));
+        assert!(text.contains("virtnet_queue_busy_poll_us{queue=\"0\",kind=\"rx\"} 14"));
     }
 }

@@ -13,6 +13,7 @@ use vring::Features;
 
 use super::error::Error;
 use super::metrics::{QueueCounters, QueueTunables};
+use super::poll::BusyPoll;
 use super::queue::QueueId;
 
 /// The vhost-user protocol features we implement. rust-vmm `vhost` 0.18 does not dispatch
@@ -88,7 +89,8 @@ pub struct BackendConfig {
     /// carries, [`Shared::max_mtu`]). None: the TAP's MTU as it is, or 1500 without a TAP.
     /// The frontend may change it (NET_SET_MTU).
     pub mtu: Option<u16>,
-    pub busy_poll_us: u32,
+    /// How each queue busy-polls before sleeping: auto by default (`virtnet ctl` changes it).
+    pub busy_poll: BusyPoll,
     /// A slow device on purpose (the control-queue benchmark): wait this long before answering
     /// each control command. The `experiments` feature.
     #[cfg(feature = "experiments")]
@@ -119,7 +121,7 @@ impl Default for BackendConfig {
             io: IoMode::Null { size: 64 },
             mac: [0x52, 0x54, 0x00, 0x12, 0x34, 0x56],
             mtu: None,
-            busy_poll_us: 0,
+            busy_poll: BusyPoll::Auto,
             #[cfg(feature = "experiments")]
             ctrl_delay_us: 0,
             used_batch: vring::DEFAULT_USED_BATCH,
@@ -232,7 +234,7 @@ impl Shared {
         let counters = queues().map(|_| Arc::default()).collect();
         let tunables: Vec<Arc<QueueTunables>> = queues().map(|_| Arc::default()).collect();
         for t in &tunables {
-            t.busy_poll_us.store(config.busy_poll_us, Relaxed);
+            t.set_busy_poll(config.busy_poll);
         }
         let mut offered = device_features(config.pairs);
         if let Some(t) = taps.first() {

@@ -35,9 +35,16 @@ pub struct Inbox {
     /// Written with every command: the worker watches it in epoll.
     pub wake: EventFd,
     pending: Arc<AtomicBool>,
+    shutting_down: Arc<AtomicBool>,
 }
 
 impl Inbox {
+    /// Whether a shutdown is on its way, without a syscall (for busy polling).
+    pub fn shutting_down(&self) -> bool {
+        self.shutting_down
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Whether commands are waiting, without a syscall (for busy polling).
     pub fn pending(&self) -> bool {
         self.pending.load(std::sync::atomic::Ordering::Relaxed)
@@ -78,6 +85,7 @@ pub struct WorkerHandle {
     tx: mpsc::Sender<Command>,
     wake: EventFd,
     pending: Arc<AtomicBool>,
+    shutting_down: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -90,10 +98,12 @@ impl WorkerHandle {
     {
         let (tx, rx) = mpsc::channel();
         let pending = Arc::new(AtomicBool::new(false));
+        let shutting_down = Arc::new(AtomicBool::new(false));
         let inbox = Inbox {
             commands: rx,
             wake: wake.try_clone()?,
             pending: pending.clone(),
+            shutting_down: shutting_down.clone(),
         };
         let thread = std::thread::Builder::new()
             .name(name)
@@ -102,6 +112,7 @@ impl WorkerHandle {
             tx,
             wake,
             pending,
+            shutting_down,
             thread: Some(thread),
         })
     }
@@ -139,6 +150,7 @@ impl WorkerHandle {
 
 impl Drop for WorkerHandle {
     fn drop(&mut self) {
+        self.shutting_down.store(true, SeqCst);
         self.send(Command::Shutdown);
         if let Some(t) = self.thread.take() {
             let _ = t.join();

@@ -2,9 +2,9 @@
 //! and a host port ([`Host`]).
 //!
 //! The loop, per turn: tx up to the weight, rx up to the weight, and when both are idle:
-//! busy-poll if a timeout is set (with the host side polled for rx from the same loop), then
-//! enable notifications with a re-check, then sleep in epoll on the kicks, the host port's fd
-//! and the command eventfd. Used entries are published in batches by the engine and always
+//! busy-poll (a fixed timeout, or as long as the auto policy of [`super::poll`] decides, with
+//! the host side polled for rx from the same loop), then enable notifications with a
+//! re-check, then sleep in epoll on the kicks, the host port's fd and the command eventfd. Used entries are published in batches by the engine and always
 //! flushed before polling or sleeping.
 
 use std::os::fd::AsRawFd;
@@ -12,6 +12,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use virtnet_sys::SchedStat;
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::timerfd::TimerFd;
 use vring::{Chain, Error as RingError};
@@ -19,6 +20,7 @@ use vring::{Chain, Error as RingError};
 use super::error::Error;
 use super::host::{Host, Sent};
 use super::metrics::PollExit;
+use super::poll::{AutoPoll, BusyPoll, Check};
 use super::queue::{
     break_queue, install_queue, notify, retire_queue, FaultWatch, QueueId, QueueRuntime,
 };
@@ -76,6 +78,11 @@ pub struct Worker<H: Host> {
     tx_waits_host: bool,
     chain: Chain,
     faults: FaultWatch,
+    /// Busy polling auto's policy; when the pair last went idle (the gap it measures); the
+    /// worker thread's schedstat, for its contention check.
+    auto: AutoPoll,
+    idle_since: Option<Instant>,
+    schedstat: Option<SchedStat>,
 }
 
 impl<H: Host> Worker<H> {
@@ -93,6 +100,9 @@ impl<H: Host> Worker<H> {
             tx_waits_host: false,
             chain: Chain::new(),
             faults: FaultWatch::default(),
+            auto: AutoPoll::new(Instant::now()),
+            idle_since: None,
+            schedstat: None,
         })
     }
 
@@ -104,6 +114,8 @@ impl<H: Host> Worker<H> {
                 tracing::warn!(cpu, error = %e, "cannot pin the worker");
             }
         }
+        // Opened by this thread (the file is the opener's), before seccomp forbids opening.
+        self.schedstat = SchedStat::open().ok();
         if self.shared.config.seccomp {
             virtnet_sys::sandbox::restrict_thread()
                 .map_err(Error::host("installing the worker's seccomp filter"))?;
@@ -130,13 +142,20 @@ impl<H: Host> Worker<H> {
             let rx = self.handle_rx();
             self.faults
                 .check(self.tx.iter().chain(self.rx.queue.iter()));
-            if tx.exhausted || rx.exhausted || tx.frames + rx.frames > 0 {
+            if tx.frames + rx.frames > 0 {
+                if let Some(t) = self.idle_since.take() {
+                    self.auto.record_gap(t.elapsed());
+                }
                 continue;
             }
+            if tx.exhausted || rx.exhausted {
+                continue;
+            }
+            self.idle_since.get_or_insert_with(Instant::now);
             match self.busy_poll() {
-                Some(PollExit::Hit) | Some(PollExit::OtherWork) => continue,
-                Some(PollExit::Shutdown) => return Ok(()),
-                _ => {}
+                Some(PollExit::Hit | PollExit::OtherWork | PollExit::Shutdown) => continue,
+                // A signal: sleep now, and let the thread that takes signals have the CPU.
+                Some(PollExit::Timeout | PollExit::Yield | PollExit::Signal) | None => {}
             }
             if self.arm_notifications() {
                 self.disarm_notifications();
@@ -368,17 +387,41 @@ impl<H: Host> Worker<H> {
         !self.tx_waits_host && self.tx.as_mut().is_some_and(QueueRuntime::avail_pending)
     }
 
-    /// Spins with notifications off until work shows up, other work is pending, the CPU is
-    /// wanted elsewhere, or the timeout expires. None when busy polling is off.
-    fn busy_poll(&mut self) -> Option<PollExit> {
+    /// How long to poll now, in microseconds, by the first usable queue's setting; None:
+    /// do not poll.
+    fn poll_budget(&mut self) -> Option<(u32, Arc<super::metrics::QueueCounters>)> {
         let q = [self.tx.as_ref(), self.rx.queue.as_ref()]
             .into_iter()
             .flatten()
             .find(|q| q.usable())?;
-        let (counters, us) = (q.counters.clone(), q.tunables.busy_poll_us.load(Relaxed));
-        if us == 0 {
-            return None;
-        }
+        let (counters, tunables) = (&q.counters, &q.tunables);
+        let us = match tunables.busy_poll() {
+            BusyPoll::Off => return None,
+            BusyPoll::Fixed(us) => us,
+            BusyPoll::Auto => {
+                let now = Instant::now();
+                if self.auto.check_due(now) {
+                    let delay = self.schedstat.as_ref().and_then(SchedStat::run_delay_ns);
+                    if self.auto.check(now, delay) == Check::Contended {
+                        counters.busy_poll_contended.add(1);
+                    }
+                }
+                let us = self.auto.budget(now);
+                tunables.set_auto_budget(us);
+                if us == 0 {
+                    counters.busy_poll_skipped.add(1);
+                    return None;
+                }
+                us
+            }
+        };
+        Some((us, counters.clone()))
+    }
+
+    /// Spins with notifications off until work shows up, other work is pending, the CPU is
+    /// wanted elsewhere, a signal is pending, or the time is up. None when not polling.
+    fn busy_poll(&mut self) -> Option<PollExit> {
+        let (us, counters) = self.poll_budget()?;
         counters.busy_poll_entries.add(1);
         self.disarm_notifications();
         let deadline = Instant::now() + Duration::from_micros(us as u64);
@@ -387,7 +430,11 @@ impl<H: Host> Worker<H> {
         let mut spins = 0u32;
         let exit = loop {
             if self.inbox.pending() {
-                break PollExit::OtherWork;
+                break if self.inbox.shutting_down() {
+                    PollExit::Shutdown
+                } else {
+                    PollExit::OtherWork
+                };
             }
             // A loopback's tx is work only when rx can take it: else polling tx would find
             // the same frame there on every spin and never sleep.
@@ -419,10 +466,14 @@ impl<H: Host> Worker<H> {
                 if virtnet_sys::involuntary_switches() != switches {
                     break PollExit::Yield;
                 }
+                if virtnet_sys::signal_pending() {
+                    break PollExit::Signal;
+                }
             }
             std::hint::spin_loop();
         };
         counters.poll_exit(exit);
+        self.auto.record_exit(exit);
         Some(exit)
     }
 

@@ -221,7 +221,7 @@ fn a_ring_error_only_busy_polling_sees_breaks_the_queue_and_is_reported() {
         "pollbreak",
         BackendConfig {
             io: IoMode::Echo,
-            busy_poll_us: 300_000,
+            busy_poll: virtnet_backend::BusyPoll::Fixed(300_000),
             ..Default::default()
         },
     );

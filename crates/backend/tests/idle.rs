@@ -69,7 +69,7 @@ fn workers_wait_instead_of_spinning_when_rx_cannot_take_a_frame() {
         "idle-echo",
         BackendConfig {
             io: IoMode::Echo,
-            busy_poll_us: 50,
+            busy_poll: virtnet_backend::BusyPoll::Fixed(50),
             ..Default::default()
         },
     );

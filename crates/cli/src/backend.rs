@@ -66,9 +66,14 @@ pub struct BackendArgs {
     /// `host_mtu`).
     #[arg(long, value_parser = clap::value_parser!(u16).range(68..))]
     mtu: Option<u16>,
-    /// Busy-poll timeout per queue in microseconds (0 = off); `virtnet ctl` changes it live.
-    #[arg(long, default_value_t = 0)]
-    busy_poll_us: u32,
+    /// Busy polling before each worker sleeps: `auto` (the worker decides from the gaps
+    /// between frames and how its CPU is shared), `off`, or a fixed timeout in microseconds
+    /// (0 = off). `virtnet ctl set-busy-poll` changes it live.
+    #[arg(long, default_value = "auto")]
+    busy_poll: virtnet_backend::BusyPoll,
+    /// A fixed busy-poll timeout in microseconds: the same as `--busy-poll US`.
+    #[arg(long, conflicts_with = "busy_poll", value_parser = clap::value_parser!(u32).range(..=1_000_000))]
+    busy_poll_us: Option<u32>,
     /// Answer each control-queue command only after this many microseconds (a slow device,
     /// for the control-queue benchmark).
     #[arg(long, default_value_t = 0)]
@@ -146,7 +151,9 @@ pub fn run(args: BackendArgs) -> Result<(), Box<dyn std::error::Error>> {
         io,
         mac,
         mtu: args.mtu,
-        busy_poll_us: args.busy_poll_us,
+        busy_poll: args
+            .busy_poll_us
+            .map_or(args.busy_poll, virtnet_backend::BusyPoll::fixed),
         ctrl_delay_us: args.ctrl_delay_us,
         used_batch: args.used_batch,
         poll_rx_from_tx: !args.no_poll_rx_from_tx,

@@ -18,9 +18,10 @@ pub struct CtlArgs {
 enum CtlCommand {
     /// Print per-queue counters as JSON.
     Stats,
-    /// Set the busy-poll timeout in microseconds (0 = off), of one queue or of all.
+    /// Set busy polling of one queue or of all: `auto`, `off`, or a timeout in microseconds
+    /// (0 = off).
     SetBusyPoll {
-        us: u32,
+        us: virtnet_backend::BusyPoll,
         #[arg(long)]
         queue: Option<usize>,
     },

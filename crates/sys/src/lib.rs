@@ -212,6 +212,55 @@ pub fn involuntary_switches() -> u64 {
     ru.ru_nivcsw as u64
 }
 
+/// Whether a signal is pending for the calling thread or the process (sigpending): one
+/// that is blocked here and not yet taken, such as SIGTERM before the thread that waits for
+/// it has it. Busy polling stops for it.
+pub fn signal_pending() -> bool {
+    // SAFETY: sigset_t is plain old data; sigpending fills it.
+    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is a valid, writable sigset_t.
+    if unsafe { libc::sigpending(&mut set) } < 0 {
+        return false;
+    }
+    // SAFETY: sigset_t is plain old data: any of its bytes may be read.
+    let bytes = unsafe {
+        std::slice::from_raw_parts(
+            (&set as *const libc::sigset_t).cast::<u8>(),
+            std::mem::size_of::<libc::sigset_t>(),
+        )
+    };
+    bytes.iter().any(|&b| b != 0)
+}
+
+/// The calling thread's scheduler statistics (/proc/thread-self/schedstat: time on a CPU,
+/// time spent runnable waiting for one, timeslices), opened once by the thread itself and
+/// read again without opening, so that a worker under seccomp can read it.
+#[derive(Debug)]
+pub struct SchedStat(std::fs::File);
+
+impl SchedStat {
+    /// Opens the calling thread's file; an error when the kernel keeps no schedstats.
+    pub fn open() -> io::Result<SchedStat> {
+        let s = SchedStat(std::fs::File::open("/proc/thread-self/schedstat")?);
+        s.run_delay_ns()
+            .map(|_| s)
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "unreadable schedstat"))
+    }
+
+    /// Nanoseconds the thread has spent runnable, waiting for a CPU, so far.
+    pub fn run_delay_ns(&self) -> Option<u64> {
+        use std::os::unix::fs::FileExt;
+        let mut buf = [0u8; 96];
+        let n = self.0.read_at(&mut buf, 0).ok()?;
+        std::str::from_utf8(&buf[..n])
+            .ok()?
+            .split_ascii_whitespace()
+            .nth(1)?
+            .parse()
+            .ok()
+    }
+}
+
 /// CPU time (user + system) consumed by the calling thread, in nanoseconds.
 pub fn thread_cpu_ns() -> u64 {
     let mut ts = libc::timespec {
@@ -277,6 +326,56 @@ pub fn peek(socket: &std::os::unix::net::UnixStream, buf: &mut [u8]) -> io::Resu
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn schedstat_counts_the_time_a_thread_waits_for_its_cpu() {
+        // Two spinning threads pinned to one CPU: each waits while the other runs.
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let spin = |stop: std::sync::Arc<std::sync::atomic::AtomicBool>| {
+            std::thread::spawn(move || {
+                pin_thread(0).unwrap();
+                let s = SchedStat::open().unwrap();
+                let before = s.run_delay_ns().unwrap();
+                let t = std::time::Instant::now();
+                while t.elapsed() < std::time::Duration::from_millis(200) {
+                    std::hint::spin_loop();
+                }
+                stop.store(true, std::sync::atomic::Ordering::Relaxed);
+                s.run_delay_ns().unwrap() - before
+            })
+        };
+        let (a, b) = (spin(stop.clone()), spin(stop));
+        let waited = a.join().unwrap() + b.join().unwrap();
+        assert!(waited > 20_000_000, "waited {waited} ns sharing one CPU");
+    }
+
+    #[test]
+    fn a_blocked_signal_raised_is_pending_until_taken() {
+        std::thread::spawn(|| {
+            // SIGUSR2, blocked in this thread only, raised at it, and taken by sigwait.
+            // SAFETY: sigset_t is plain old data; sigemptyset initialises it.
+            let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+            // SAFETY: `set` is a valid sigset_t.
+            unsafe { libc::sigemptyset(&mut set) };
+            // SAFETY: as above; SIGUSR2 is a valid signal.
+            unsafe { libc::sigaddset(&mut set, libc::SIGUSR2) };
+            // SAFETY: `set` is initialised; the old mask is not wanted.
+            unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
+            assert!(!signal_pending());
+            // SAFETY: pthread_self has no preconditions.
+            let me = unsafe { libc::pthread_self() };
+            // SAFETY: signals this live thread with a signal it blocks.
+            unsafe { libc::pthread_kill(me, libc::SIGUSR2) };
+            assert!(signal_pending());
+            let mut sig = 0;
+            // SAFETY: `set` is initialised and blocked; `sig` is writable.
+            unsafe { libc::sigwait(&set, &mut sig) };
+            assert_eq!(sig, libc::SIGUSR2);
+            assert!(!signal_pending());
+        })
+        .join()
+        .unwrap();
+    }
 
     #[test]
     fn the_open_file_limit_is_raised_to_the_hard_limit() {

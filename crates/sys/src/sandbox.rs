@@ -25,7 +25,8 @@ use seccompiler::{
 /// control queue and reconnections), and those its rare paths need:
 /// - frames and notifications: readv, writev, read, write, preadv2 (eventfds read without
 ///   blocking), poll (is the TAP readable), epoll_wait/epoll_pwait, epoll_ctl (arming the TAP
-///   and kicks), timerfd_settime (held calls), getrusage (busy polling's yield check),
+///   and kicks), timerfd_settime (held calls), getrusage (busy polling's yield check), pread64
+///   (its schedstat check), rt_sigpending (its signal check),
 ///   clock_gettime (when the vDSO cannot answer), close (a stopped queue's fds);
 /// - memory: mmap, munmap, mremap, mprotect, madvise, brk (the allocator; a stopped queue's
 ///   guest memory unmapped here; the SIGBUS handler's anonymous mapping over a shrunk file);
@@ -41,6 +42,7 @@ pub const WORKER_SYSCALLS: &[libc::c_long] = &[
     libc::SYS_readv,
     libc::SYS_writev,
     libc::SYS_preadv2,
+    libc::SYS_pread64,
     libc::SYS_poll,
     libc::SYS_ppoll,
     libc::SYS_epoll_wait,
@@ -59,6 +61,7 @@ pub const WORKER_SYSCALLS: &[libc::c_long] = &[
     libc::SYS_futex,
     libc::SYS_sched_yield,
     libc::SYS_rt_sigprocmask,
+    libc::SYS_rt_sigpending,
     libc::SYS_rt_sigreturn,
     libc::SYS_rt_sigaction,
     libc::SYS_sigaltstack,

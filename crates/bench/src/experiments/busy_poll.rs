@@ -1,13 +1,14 @@
 //! Experiment 3, busy polling (seed 000): our backend with echo io answers request-response
 //! traffic from our driver (`gen rr`, 64 B, one transaction in flight, the driver sleeping on
-//! interrupts as a guest kernel would). The backend busy-polls for `busy_poll_us` after each
-//! turn before sleeping. Also the seed's contended case: two backends whose workers are pinned
-//! to one CPU, two rr loads at once, aggregate rate.
+//! interrupts as a guest kernel would). The backend busy-polls for a fixed timeout after each
+//! turn before sleeping, or as long as its auto policy decides (the `auto` row). Also the
+//! seed's contended case: two backends whose workers are pinned to one CPU, two rr loads at
+//! once, aggregate rate.
 
 use std::time::Duration;
 
 use serde::Serialize;
-use virtnet_backend::{BackendConfig, IoMode};
+use virtnet_backend::{BackendConfig, BusyPoll, IoMode};
 use virtnet_driver::gen::{GenReport, Mode};
 
 use super::common::{gen_config, process_cpu_s, run_gen, spread, LocalBackend, SeedComparison};
@@ -23,8 +24,20 @@ pub const EXPERIMENT: Experiment = Experiment {
     run,
 };
 
-pub const TIMEOUTS_US: [u32; 5] = [0, 10, 20, 50, 100];
-pub const CONTENDED_US: [u32; 3] = [0, 20, 50];
+pub const SWEEP: [BusyPoll; 6] = [
+    BusyPoll::Off,
+    BusyPoll::Fixed(10),
+    BusyPoll::Fixed(20),
+    BusyPoll::Fixed(50),
+    BusyPoll::Fixed(100),
+    BusyPoll::Auto,
+];
+pub const CONTENDED: [BusyPoll; 4] = [
+    BusyPoll::Off,
+    BusyPoll::Fixed(20),
+    BusyPoll::Fixed(50),
+    BusyPoll::Auto,
+];
 /// Seed: TCP_RR +8..16% (1 session, 64 B: +10%) at 50 us; contended, 50 us: 13966.76+13987.31
 /// -> 15103.98+15103.73 transactions/s.
 pub const SEED_RR: (f64, f64) = (1.0, 1.10);
@@ -43,11 +56,18 @@ pub struct RrRun {
     pub device_kicks: u64,
     /// Requests whose answer never came within the generator's loss timeout.
     pub lost: u64,
+    /// Auto only: the poll budget it chose last (tx queue), the idle turns it slept through
+    /// without polling, and the times it stopped polling for contention.
+    pub auto_budget_us: u32,
+    pub busy_poll_skipped: u64,
+    pub busy_poll_contended: u64,
 }
 
 #[derive(Debug, Serialize)]
 pub struct SweepResult {
-    pub busy_poll_us: u32,
+    /// A timeout in microseconds (0 off), or "auto".
+    #[serde(rename = "busy_poll_us")]
+    pub busy_poll: BusyPoll,
     pub transactions_per_s: Summary,
     pub p50_us: Summary,
     pub p99_us: Summary,
@@ -57,9 +77,12 @@ pub struct SweepResult {
 
 #[derive(Debug, Serialize)]
 pub struct ContendedResult {
-    pub busy_poll_us: u32,
+    #[serde(rename = "busy_poll_us")]
+    pub busy_poll: BusyPoll,
     pub aggregate_transactions_per_s: Summary,
     pub runs: Vec<[f64; 2]>,
+    /// Auto: times the two workers stopped polling for contention, per run.
+    pub busy_poll_contended: Vec<u64>,
 }
 
 #[derive(Debug, Serialize)]
@@ -75,12 +98,12 @@ pub struct Results {
     pub seed_contended: SeedComparison,
 }
 
-fn backend(busy_poll_us: u32, worker_cpu: Option<usize>) -> Result<LocalBackend, BenchError> {
+fn backend(busy_poll: BusyPoll, worker_cpu: Option<usize>) -> Result<LocalBackend, BenchError> {
     LocalBackend::start(
         "busypoll",
         BackendConfig {
             io: IoMode::Echo,
-            busy_poll_us,
+            busy_poll,
             worker_cpu,
             ..Default::default()
         },
@@ -91,8 +114,8 @@ fn transactions(r: &GenReport) -> u64 {
     (r.summary.rtt_per_s * r.elapsed_s).round() as u64
 }
 
-fn one(busy_poll_us: u32, secs: f64, pinned: bool) -> Result<RrRun, BenchError> {
-    let b = backend(busy_poll_us, pinned.then_some(1))?;
+fn one(busy_poll: BusyPoll, secs: f64, pinned: bool) -> Result<RrRun, BenchError> {
+    let b = backend(busy_poll, pinned.then_some(1))?;
     let cpu0 = process_cpu_s();
     let cfg = gen_config(&b.socket, Mode::Rr, secs);
     // The generator's threads inherit the CPU mask of the thread that starts them.
@@ -118,13 +141,23 @@ fn one(busy_poll_us: u32, secs: f64, pinned: bool) -> Result<RrRun, BenchError> 
             + b.counter("rx", |c| c.busy_poll_hits),
         device_kicks: b.counter("tx", |c| c.kicks) + b.counter("rx", |c| c.kicks),
         lost: r.per_pair.iter().map(|p| p.lost).sum(),
+        auto_budget_us: b
+            .device
+            .reports()
+            .iter()
+            .find(|q| q.kind == "tx")
+            .map_or(0, |q| q.busy_poll_us),
+        busy_poll_skipped: b.counter("tx", |c| c.busy_poll_skipped)
+            + b.counter("rx", |c| c.busy_poll_skipped),
+        busy_poll_contended: b.counter("tx", |c| c.busy_poll_contended)
+            + b.counter("rx", |c| c.busy_poll_contended),
     })
 }
 
-fn contended(busy_poll_us: u32, cpu: usize, secs: f64) -> Result<[f64; 2], BenchError> {
+fn contended(busy_poll: BusyPoll, cpu: usize, secs: f64) -> Result<([f64; 2], u64), BenchError> {
     let b = [
-        backend(busy_poll_us, Some(cpu))?,
-        backend(busy_poll_us, Some(cpu))?,
+        backend(busy_poll, Some(cpu))?,
+        backend(busy_poll, Some(cpu))?,
     ];
     let loads: Vec<_> = b
         .iter()
@@ -138,7 +171,13 @@ fn contended(busy_poll_us: u32, cpu: usize, secs: f64) -> Result<[f64; 2], Bench
         let r = l.join().map_err(|_| BenchError::PeerFailed)??;
         rates[i] = r.summary.rtt_per_s;
     }
-    Ok(rates)
+    let stopped = b
+        .iter()
+        .map(|b| {
+            b.counter("tx", |c| c.busy_poll_contended) + b.counter("rx", |c| c.busy_poll_contended)
+        })
+        .sum();
+    Ok((rates, stopped))
 }
 
 fn summary(v: impl Iterator<Item = f64>) -> Summary {
@@ -150,26 +189,26 @@ pub fn measure(o: &Options, progress: Progress<'_>) -> Result<Results, BenchErro
     let repeats = o.repeats.unwrap_or(repeats).max(1);
     let cpu = 0;
     let pinned = std::thread::available_parallelism().map_or(1, |n| n.get()) >= 2;
-    let mut sweep: Vec<Vec<RrRun>> = TIMEOUTS_US.iter().map(|_| Vec::new()).collect();
-    let mut cont: Vec<Vec<[f64; 2]>> = CONTENDED_US.iter().map(|_| Vec::new()).collect();
+    let mut sweep: Vec<Vec<RrRun>> = SWEEP.iter().map(|_| Vec::new()).collect();
+    let mut cont: Vec<Vec<([f64; 2], u64)>> = CONTENDED.iter().map(|_| Vec::new()).collect();
     for rep in 1..=repeats {
-        for (i, &us) in TIMEOUTS_US.iter().enumerate() {
-            progress(&format!("[{rep}/{repeats}] rr, busy poll {us} us"));
-            sweep[i].push(one(us, secs, pinned)?);
+        for (i, &b) in SWEEP.iter().enumerate() {
+            progress(&format!("[{rep}/{repeats}] rr, busy poll {b}"));
+            sweep[i].push(one(b, secs, pinned)?);
         }
-        for (i, &us) in CONTENDED_US.iter().enumerate() {
+        for (i, &b) in CONTENDED.iter().enumerate() {
             progress(&format!(
-                "[{rep}/{repeats}] contended rr, two devices on CPU {cpu}, busy poll {us} us"
+                "[{rep}/{repeats}] contended rr, two devices on CPU {cpu}, busy poll {b}"
             ));
-            cont[i].push(contended(us, cpu, secs)?);
+            cont[i].push(contended(b, cpu, secs)?);
             std::thread::sleep(Duration::from_millis(20));
         }
     }
-    let sweep: Vec<SweepResult> = TIMEOUTS_US
+    let sweep: Vec<SweepResult> = SWEEP
         .iter()
         .zip(sweep)
-        .map(|(&busy_poll_us, runs)| SweepResult {
-            busy_poll_us,
+        .map(|(&busy_poll, runs)| SweepResult {
+            busy_poll,
             transactions_per_s: summary(runs.iter().map(|r| r.transactions as f64 / r.secs)),
             p50_us: summary(runs.iter().map(|r| r.p50_us)),
             p99_us: summary(runs.iter().map(|r| r.p99_us)),
@@ -179,19 +218,20 @@ pub fn measure(o: &Options, progress: Progress<'_>) -> Result<Results, BenchErro
             runs,
         })
         .collect();
-    let contended: Vec<ContendedResult> = CONTENDED_US
+    let contended: Vec<ContendedResult> = CONTENDED
         .iter()
         .zip(cont)
-        .map(|(&busy_poll_us, runs)| ContendedResult {
-            busy_poll_us,
-            aggregate_transactions_per_s: summary(runs.iter().map(|r| r[0] + r[1])),
-            runs,
+        .map(|(&busy_poll, runs)| ContendedResult {
+            busy_poll,
+            aggregate_transactions_per_s: summary(runs.iter().map(|(r, _)| r[0] + r[1])),
+            busy_poll_contended: runs.iter().map(|(_, c)| *c).collect(),
+            runs: runs.into_iter().map(|(r, _)| r).collect(),
         })
         .collect();
-    let at = |us: u32| {
+    let at = |b: BusyPoll| {
         sweep
             .iter()
-            .find(|s| s.busy_poll_us == us)
+            .find(|s| s.busy_poll == b)
             .expect("timeout")
             .transactions_per_s
             .median
@@ -199,12 +239,12 @@ pub fn measure(o: &Options, progress: Progress<'_>) -> Result<Results, BenchErro
     let seed_rr = SeedComparison::new(
         "rr transactions/s, busy poll 0 -> 50 us (seed: TCP_RR 64 B, +10%)",
         SEED_RR,
-        (at(0), at(50)),
+        (at(BusyPoll::Off), at(BusyPoll::Fixed(50))),
     );
-    let cat = |us: u32| {
+    let cat = |b: BusyPoll| {
         contended
             .iter()
-            .find(|s| s.busy_poll_us == us)
+            .find(|s| s.busy_poll == b)
             .expect("timeout")
             .aggregate_transactions_per_s
             .median
@@ -212,7 +252,7 @@ pub fn measure(o: &Options, progress: Progress<'_>) -> Result<Results, BenchErro
     let seed_contended = SeedComparison::new(
         "contended aggregate transactions/s, 0 -> 50 us",
         SEED_CONTENDED,
-        (cat(0), cat(50)),
+        (cat(BusyPoll::Off), cat(BusyPoll::Fixed(50))),
     );
     Ok(Results {
         secs_per_run: secs,
@@ -235,15 +275,25 @@ pub fn tables(r: &Results) -> Vec<Table> {
             "p50 us",
             "p99 us",
             "device CPU us/transaction",
+            "auto's budget us",
         ],
     );
     for s in &r.sweep {
+        let budget = match s.busy_poll {
+            BusyPoll::Auto => {
+                let mut b: Vec<u32> = s.runs.iter().map(|r| r.auto_budget_us).collect();
+                b.sort_unstable();
+                b[b.len() / 2].to_string()
+            }
+            _ => "-".into(),
+        };
         t.row(vec![
-            s.busy_poll_us.to_string(),
+            s.busy_poll.to_string(),
             s.transactions_per_s.display(0),
             s.p50_us.display(1),
             s.p99_us.display(1),
             s.device_cpu_us_per_transaction.display(1),
+            budget,
         ]);
     }
     t.note(format!(
@@ -262,12 +312,21 @@ pub fn tables(r: &Results) -> Vec<Table> {
             "3b. Busy polling, contended: two backends' workers pinned to CPU {}, two rr loads at once",
             r.contended_cpu
         ),
-        &["busy poll us", "aggregate transactions/s"],
+        &[
+            "busy poll us",
+            "aggregate transactions/s",
+            "auto stopped polling (times, per run)",
+        ],
     );
     for s in &r.contended {
+        let stops = match s.busy_poll {
+            BusyPoll::Auto => format!("{:?}", s.busy_poll_contended),
+            _ => "-".into(),
+        };
         c.row(vec![
-            s.busy_poll_us.to_string(),
+            s.busy_poll.to_string(),
             s.aggregate_transactions_per_s.display(0),
+            stops,
         ]);
     }
     c.note(format!(

@@ -4,7 +4,7 @@
 //! (`gen io`, sleeping on interrupts) transmits 1500 B frames and receives 1500 B frames.
 
 use serde::Serialize;
-use virtnet_backend::{BackendConfig, IoMode};
+use virtnet_backend::{BackendConfig, BusyPoll, IoMode};
 use virtnet_driver::gen::Mode;
 
 use super::common::{count, gen_config, run_gen, spread, LocalBackend, SeedComparison};
@@ -60,7 +60,7 @@ fn one(on: bool, secs: f64) -> Result<Run, BenchError> {
         "rxfromtx",
         BackendConfig {
             io: IoMode::Null { size: FRAME },
-            busy_poll_us: BUSY_POLL_US,
+            busy_poll: BusyPoll::Fixed(BUSY_POLL_US),
             poll_rx_from_tx: on,
             ..Default::default()
         },

@@ -1,0 +1,437 @@
+//! Busy polling: what a queue is told ([`BusyPoll`]: off, a fixed timeout, or auto) and,
+//! for auto, the policy that decides how long each poll of a pair's worker lasts
+//! ([`AutoPoll`]), from what the worker measures.
+//!
+//! The rule, with its reasons in docs/ARCHITECTURE.md ("Adaptive busy polling"):
+//! - **Idle gaps.** Each time a turn finds nothing to do, the worker is idle until the turn
+//!   that next moves a frame: that gap is measured whether the worker polled it away or slept
+//!   through it, so the policy sees what a poll of any length would have caught, even while it
+//!   does not poll. It keeps the last [`WINDOW`] gaps.
+//! - **Budget.** For a poll budget `B`, `h(B)` is the share of those gaps of at most `B`. A
+//!   hit saves what sleeping costs ([`HIT_SAVES_US`]); a miss wastes `B`. The budget is the
+//!   candidate with the best `h(B) * HIT_SAVES_US - (1 - h(B)) * B`, the candidates being each
+//!   gap with a margin (1.5 times, plus [`MIN_POLL_US`]) up to [`MAX_POLL_US`]; when no
+//!   candidate gains, it does not poll. So it polls about as long as a hit usually takes,
+//!   and not at all when hits are rare (an idle or trickling queue).
+//! - **Contention.** Every [`CHECK_EVERY`] while the pair is active, it looks at how its
+//!   thread was scheduled since the last look: polls the scheduler preempted (an involuntary
+//!   switch during the poll) and the time the thread waited runnable (`run_delay` of
+//!   /proc/thread-self/schedstat). Two preempted polls, or a wait over 1/[`RUN_DELAY_SHARE`]
+//!   of the interval, mean another task wants this CPU: polling stops for a back-off, 10 ms
+//!   doubling to 1 s while contention lasts, and resumes once a check that follows some
+//!   polling finds none.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use super::metrics::PollExit;
+
+/// How a queue busy-polls before it sleeps.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum BusyPoll {
+    Off,
+    /// Poll this many microseconds after each idle turn (vhost_net's `busyloop_timeout`).
+    Fixed(u32),
+    /// Poll as long as [`AutoPoll`] decides.
+    #[default]
+    Auto,
+}
+
+/// The longest fixed timeout accepted: one second.
+pub const MAX_FIXED_US: u32 = 1_000_000;
+
+impl BusyPoll {
+    const RAW_AUTO: u32 = u32::MAX;
+
+    /// As one word, for an atomic: 0 off, `u32::MAX` auto, else the timeout.
+    pub fn to_raw(self) -> u32 {
+        match self {
+            BusyPoll::Off => 0,
+            BusyPoll::Fixed(us) => us.min(MAX_FIXED_US),
+            BusyPoll::Auto => Self::RAW_AUTO,
+        }
+    }
+
+    pub fn from_raw(raw: u32) -> BusyPoll {
+        match raw {
+            0 => BusyPoll::Off,
+            Self::RAW_AUTO => BusyPoll::Auto,
+            us => BusyPoll::Fixed(us),
+        }
+    }
+
+    /// A fixed timeout, `0` meaning off.
+    pub fn fixed(us: u32) -> BusyPoll {
+        BusyPoll::from_raw(us.min(MAX_FIXED_US))
+    }
+}
+
+impl FromStr for BusyPoll {
+    type Err = String;
+    fn from_str(s: &str) -> Result<BusyPoll, String> {
+        match s {
+            "auto" => Ok(BusyPoll::Auto),
+            "off" => Ok(BusyPoll::Off),
+            _ => match s.parse::<u32>() {
+                Ok(us) if us <= MAX_FIXED_US => Ok(BusyPoll::fixed(us)),
+                _ => Err(format!(
+                    "busy poll {s:?}: auto, off, or a timeout of 0 to {MAX_FIXED_US} microseconds"
+                )),
+            },
+        }
+    }
+}
+
+impl fmt::Display for BusyPoll {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BusyPoll::Off => f.write_str("off"),
+            BusyPoll::Fixed(us) => write!(f, "{us}"),
+            BusyPoll::Auto => f.write_str("auto"),
+        }
+    }
+}
+
+/// In JSON: `"auto"`, or the timeout in microseconds (`0` off), as `virtnet ctl` sends it.
+impl Serialize for BusyPoll {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            BusyPoll::Auto => s.serialize_str("auto"),
+            BusyPoll::Off => s.serialize_u32(0),
+            BusyPoll::Fixed(us) => s.serialize_u32(*us),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for BusyPoll {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<BusyPoll, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Wire {
+            Us(u32),
+            Word(String),
+        }
+        let s = match Wire::deserialize(d)? {
+            Wire::Us(us) => us.to_string(),
+            Wire::Word(w) => w,
+        };
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// Idle gaps remembered.
+pub const WINDOW: usize = 32;
+/// The budget is recomputed after this many new gaps.
+const RECOMPUTE_EVERY: u32 = 8;
+/// The longest poll auto makes, in microseconds.
+pub const MAX_POLL_US: u32 = 200;
+/// The shortest poll worth making, and the margin added to each candidate, in microseconds.
+pub const MIN_POLL_US: u32 = 2;
+/// What a hit saves, in microseconds: our sleep and wake-up (about 6 us of each request-
+/// response transaction on the machines measured, experiment 3) and the kick the driver
+/// would have made, a VM exit for a guest.
+pub const HIT_SAVES_US: u32 = 20;
+/// How often, at most, the scheduling of the worker's thread is looked at.
+pub const CHECK_EVERY: Duration = Duration::from_millis(10);
+/// Contended when the thread waited runnable for more than 1/this of an interval.
+pub const RUN_DELAY_SHARE: u64 = 20;
+/// Contended when this many polls were preempted within an interval.
+const YIELDS: u32 = 2;
+const BACKOFF_MIN: Duration = Duration::from_millis(10);
+const BACKOFF_MAX: Duration = Duration::from_secs(1);
+
+/// What the policy concluded from one scheduling check.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Check {
+    /// Nothing changed.
+    Same,
+    /// Contention began: polling stops (the worker counts it).
+    Contended,
+    /// Contention ended: polling may resume.
+    Clear,
+}
+
+/// The auto policy of one pair's worker. Pure: the worker feeds it gaps, poll exits and
+/// scheduling samples, with the time they were taken.
+#[derive(Clone, Debug)]
+pub struct AutoPoll {
+    gaps: [u32; WINDOW],
+    len: usize,
+    next: usize,
+    fresh: u32,
+    /// From the gaps alone.
+    budget_us: u32,
+    /// No polling before this (contention); `backoff` is zero when there is none.
+    until: Instant,
+    backoff: Duration,
+    /// Since the last check: preempted polls, and whether any poll was made.
+    yields: u32,
+    polled: bool,
+    last_check: Option<(Instant, u64)>,
+}
+
+impl AutoPoll {
+    pub fn new(now: Instant) -> AutoPoll {
+        AutoPoll {
+            gaps: [0; WINDOW],
+            len: 0,
+            next: 0,
+            fresh: 0,
+            // Until there are gaps to go by: poll, as a fixed timeout would.
+            budget_us: 50,
+            until: now,
+            backoff: Duration::ZERO,
+            yields: 0,
+            polled: false,
+            last_check: None,
+        }
+    }
+
+    /// How long the next poll may last, in microseconds; 0: sleep at once.
+    pub fn budget(&self, now: Instant) -> u32 {
+        if !self.backoff.is_zero() && now < self.until {
+            return 0;
+        }
+        self.budget_us
+    }
+
+    /// Whether contention keeps polling off now.
+    pub fn contended(&self, now: Instant) -> bool {
+        !self.backoff.is_zero() && now < self.until
+    }
+
+    /// One idle gap: from a turn that found nothing to the next turn that moved a frame.
+    pub fn record_gap(&mut self, gap: Duration) {
+        self.gaps[self.next] = gap.as_micros().min(u32::MAX as u128) as u32;
+        self.next = (self.next + 1) % WINDOW;
+        self.len = (self.len + 1).min(WINDOW);
+        self.fresh += 1;
+        if self.fresh >= RECOMPUTE_EVERY {
+            self.fresh = 0;
+            self.budget_us = best_budget(&self.gaps[..self.len]);
+        }
+    }
+
+    /// How a poll ended.
+    pub fn record_exit(&mut self, exit: PollExit) {
+        self.polled = true;
+        if exit == PollExit::Yield {
+            self.yields += 1;
+        }
+    }
+
+    /// Whether a scheduling check is due.
+    pub fn check_due(&self, now: Instant) -> bool {
+        self.last_check
+            .is_none_or(|(t, _)| now.saturating_duration_since(t) >= CHECK_EVERY)
+    }
+
+    /// A scheduling check: `run_delay_ns` is the thread's total time spent waiting runnable
+    /// (None when the kernel does not say).
+    pub fn check(&mut self, now: Instant, run_delay_ns: Option<u64>) -> Check {
+        let delay = run_delay_ns.unwrap_or(0);
+        let waited_too_long = match self.last_check {
+            Some((t, d)) => {
+                let wall = now.saturating_duration_since(t).as_nanos() as u64;
+                delay.saturating_sub(d) * RUN_DELAY_SHARE > wall
+            }
+            None => false,
+        };
+        let contended = waited_too_long || self.yields >= YIELDS;
+        let polled = std::mem::take(&mut self.polled);
+        self.yields = 0;
+        self.last_check = Some((now, delay));
+        let was = !self.backoff.is_zero();
+        if contended {
+            self.backoff = (self.backoff * 2).clamp(BACKOFF_MIN, BACKOFF_MAX);
+            self.until = now + self.backoff;
+            return if was { Check::Same } else { Check::Contended };
+        }
+        // Contention is over once polling was allowed again and caused none.
+        if was && now >= self.until && polled {
+            self.backoff = Duration::ZERO;
+            return Check::Clear;
+        }
+        Check::Same
+    }
+}
+
+/// The budget that gains most over `gaps` (microseconds), or 0 when none gains.
+fn best_budget(gaps: &[u32]) -> u32 {
+    let mut sorted = [0u32; WINDOW];
+    let sorted = &mut sorted[..gaps.len()];
+    sorted.copy_from_slice(gaps);
+    sorted.sort_unstable();
+    let n = sorted.len() as i64;
+    let (mut best, mut best_value) = (0u32, 0i64);
+    for &g in sorted.iter() {
+        let b = g.saturating_add(g / 2).saturating_add(MIN_POLL_US);
+        if b > MAX_POLL_US {
+            break;
+        }
+        let hits = sorted.partition_point(|&x| x <= b) as i64;
+        // In units of 1/n microseconds: hits * saved - misses * budget.
+        let value = hits * HIT_SAVES_US as i64 - (n - hits) * b as i64;
+        // On a tie, the longer budget: the same hits, with more margin.
+        if value >= best_value && value > 0 {
+            (best, best_value) = (b, value);
+        }
+    }
+    best
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn us(n: u64) -> Duration {
+        Duration::from_micros(n)
+    }
+
+    fn feed(p: &mut AutoPoll, gaps: impl IntoIterator<Item = u64>) {
+        gaps.into_iter().for_each(|g| p.record_gap(us(g)));
+    }
+
+    #[test]
+    fn the_setting_parses_and_round_trips_through_json_and_its_raw_word() {
+        for (s, want) in [
+            ("auto", BusyPoll::Auto),
+            ("off", BusyPoll::Off),
+            ("0", BusyPoll::Off),
+            ("50", BusyPoll::Fixed(50)),
+        ] {
+            let b: BusyPoll = s.parse().unwrap();
+            assert_eq!(b, want, "{s}");
+            assert_eq!(BusyPoll::from_raw(b.to_raw()), b);
+            let json = serde_json::to_string(&b).unwrap();
+            assert_eq!(serde_json::from_str::<BusyPoll>(&json).unwrap(), b);
+        }
+        assert!("2000000".parse::<BusyPoll>().is_err());
+        assert!("fast".parse::<BusyPoll>().is_err());
+        assert!(serde_json::from_str::<BusyPoll>(r#""sometimes""#).is_err());
+        assert_eq!(serde_json::to_string(&BusyPoll::Auto).unwrap(), r#""auto""#);
+    }
+
+    #[test]
+    fn short_gaps_set_a_budget_about_as_long_as_a_hit_takes() {
+        let t = Instant::now();
+        let mut p = AutoPoll::new(t);
+        // Request-response: the next request comes 3 to 8 us after each answer.
+        feed(&mut p, (0..WINDOW as u64).map(|i| 3 + i % 6));
+        let b = p.budget(t);
+        assert!((8..=16).contains(&b), "budget {b} us for gaps of 3..8 us");
+    }
+
+    #[test]
+    fn it_grows_with_the_gaps_and_stops_when_hits_are_rare() {
+        let t = Instant::now();
+        let mut p = AutoPoll::new(t);
+        feed(&mut p, [5; WINDOW]);
+        let short = p.budget(t);
+        feed(&mut p, [60; WINDOW]);
+        let long = p.budget(t);
+        assert!(long > short && long <= MAX_POLL_US, "{short} -> {long}");
+        // A trickle: a frame every millisecond, out of any poll's reach.
+        feed(&mut p, [1000; WINDOW]);
+        assert_eq!(p.budget(t), 0, "polls that never hit");
+        // Idle periods far apart (a quiet queue woken now and then) never pay either.
+        feed(&mut p, [200_000; WINDOW]);
+        assert_eq!(p.budget(t), 0);
+    }
+
+    #[test]
+    fn it_restarts_when_hits_come_back() {
+        let t = Instant::now();
+        let mut p = AutoPoll::new(t);
+        feed(&mut p, [5000; WINDOW]);
+        assert_eq!(p.budget(t), 0);
+        // Gaps are measured while sleeping too: short ones bring polling back.
+        feed(&mut p, [4; WINDOW / 2]);
+        assert!(p.budget(t) > 0, "half the gaps would hit");
+    }
+
+    #[test]
+    fn a_few_long_gaps_among_short_ones_keep_the_short_budget() {
+        let t = Instant::now();
+        let mut p = AutoPoll::new(t);
+        // Bursty: 28 gaps of 10 us within a burst, 4 pauses between bursts.
+        feed(
+            &mut p,
+            (0..WINDOW).map(|i| if i % 8 == 0 { 50_000 } else { 10 }),
+        );
+        let b = p.budget(t);
+        assert!((10..=30).contains(&b), "budget {b}");
+        // Half hits at 40 us: a 62 us poll wasted on every other gap is not worth 20 us.
+        feed(
+            &mut p,
+            (0..WINDOW).map(|i| if i % 2 == 0 { 40 } else { 50_000 }),
+        );
+        assert_eq!(p.budget(t), 0);
+    }
+
+    #[test]
+    fn preempted_polls_stop_polling_with_a_growing_back_off_then_polling_resumes() {
+        let t0 = Instant::now();
+        let mut p = AutoPoll::new(t0);
+        feed(&mut p, [5; WINDOW]);
+        assert_eq!(p.check(t0, Some(0)), Check::Same);
+        let mut t = t0 + CHECK_EVERY;
+        // Two polls preempted within an interval: contended.
+        p.record_exit(PollExit::Yield);
+        p.record_exit(PollExit::Yield);
+        assert_eq!(p.check(t, Some(0)), Check::Contended);
+        assert_eq!(p.budget(t), 0);
+        assert!(p.contended(t));
+        assert!(p.budget(t + BACKOFF_MIN) > 0, "the back-off ends");
+        // It polls again and is preempted again: a longer back-off.
+        t += BACKOFF_MIN;
+        p.record_exit(PollExit::Yield);
+        p.record_exit(PollExit::Yield);
+        assert_eq!(p.check(t, Some(0)), Check::Same);
+        assert_eq!(p.budget(t + BACKOFF_MIN), 0, "doubled");
+        assert!(p.budget(t + 2 * BACKOFF_MIN) > 0);
+        // Polls without preemption after the back-off: contention is over.
+        t += 2 * BACKOFF_MIN;
+        p.record_exit(PollExit::Hit);
+        assert_eq!(p.check(t, Some(0)), Check::Clear);
+        assert!(!p.contended(t) && p.budget(t) > 0);
+    }
+
+    #[test]
+    fn waiting_runnable_for_a_twentieth_of_the_time_is_contention() {
+        let t0 = Instant::now();
+        let mut p = AutoPoll::new(t0);
+        feed(&mut p, [5; WINDOW]);
+        p.check(t0, Some(1_000_000));
+        let wall = CHECK_EVERY.as_nanos() as u64;
+        // 4% of the interval spent runnable: not contended.
+        let t1 = t0 + CHECK_EVERY;
+        assert_eq!(p.check(t1, Some(1_000_000 + wall / 25)), Check::Same);
+        // 10%: contended, even with polls never preempted.
+        let t2 = t1 + CHECK_EVERY;
+        let d2 = 1_000_000 + wall / 25 + wall / 10;
+        assert_eq!(p.check(t2, Some(d2)), Check::Contended);
+        // While it does not poll, a clean check does not end it: only a probe that polled.
+        let t3 = t2 + BACKOFF_MIN;
+        assert_eq!(p.check(t3, Some(d2)), Check::Same);
+        assert!(p.budget(t3) > 0, "the probe may poll");
+        p.record_exit(PollExit::Timeout);
+        assert_eq!(p.check(t3 + CHECK_EVERY, Some(d2)), Check::Clear);
+    }
+
+    #[test]
+    fn the_back_off_is_capped_at_a_second() {
+        let mut t = Instant::now();
+        let mut p = AutoPoll::new(t);
+        for _ in 0..20 {
+            p.record_exit(PollExit::Yield);
+            p.record_exit(PollExit::Yield);
+            p.check(t, None);
+            t += CHECK_EVERY;
+        }
+        assert_eq!(p.backoff, BACKOFF_MAX);
+    }
+}
