@@ -15,7 +15,7 @@
 //! - [`rx`]: guest receive into posted buffers; [`host`]: the host ports (tap, null, echo);
 //! - [`shared`]: the device's configuration and the state its parts share;
 //! - [`thread`]: a worker's thread and command channel; [`queue`]: a running queue, its
-//!   notifications and coalescing;
+//!   notifications and coalescing; [`hold`]: holding calls while the driver is busy;
 //! - [`metrics`]: per-queue counters, JSON and Prometheus; [`ctl`]: the control socket of
 //!   `virtnet ctl`, and /metrics; [`error`]: why a queue broke.
 //!
@@ -31,6 +31,7 @@ pub mod device;
 pub mod error;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
+pub mod hold;
 pub mod host;
 pub mod intercept;
 pub mod metrics;

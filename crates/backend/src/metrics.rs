@@ -3,7 +3,7 @@
 //! renderings.
 
 use std::fmt::Write as _;
-use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::Relaxed};
 
 use serde::Serialize;
 
@@ -69,8 +69,10 @@ vnet::counters! {
         /// Turns that stopped at the packet or byte weight, leaving the other queues a turn.
         weight_exhausted,
         /// Calls held back by notification coalescing, then sent when the packet count or the
-        /// time bound was reached.
+        /// time bound was reached; of those, the ones we held while the driver was busy
+        /// (`hold_calls`, when the driver set no coalescing of its own).
         calls_coalesced,
+        calls_held,
         /// Frames the receive filter (promisc off, MAC) dropped.
         filtered,
         /// tx frames refused before the TAP for their virtio-net header, by reason: shorter
@@ -123,6 +125,8 @@ pub struct QueueTunables {
     /// [`BusyPoll::to_raw`].
     busy_poll: AtomicU32,
     auto_budget_us: AtomicU32,
+    /// Hold calls while the driver is busy ([`super::hold`]); the device's `hold_calls`.
+    hold_calls: AtomicBool,
     coalesce_max_packets: AtomicU32,
     coalesce_max_usecs: AtomicU32,
 }
@@ -134,6 +138,14 @@ impl QueueTunables {
 
     pub fn set_busy_poll(&self, b: BusyPoll) {
         self.busy_poll.store(b.to_raw(), Relaxed);
+    }
+
+    pub fn hold_calls(&self) -> bool {
+        self.hold_calls.load(Relaxed)
+    }
+
+    pub fn set_hold_calls(&self, on: bool) {
+        self.hold_calls.store(on, Relaxed);
     }
 
     /// What the worker's auto policy chose for its latest poll (reported, not obeyed).

@@ -1,6 +1,6 @@
 //! A running virtqueue as a worker holds it: the engine's `DeviceQueue`, its notification
-//! fds (kick, call, err), its counters and tunables, and notification coalescing (NOTF_COAL, VIRTIO 1.2
-//! 5.1.6.5.6).
+//! fds (kick, call, err), its counters and tunables, and notification coalescing: the driver's
+//! (NOTF_COAL, VIRTIO 1.2 5.1.6.5.6), or ours while the driver is busy ([`super::hold`]).
 //!
 //! The queue's life on a worker: [`install_queue`] when the frontend starts it,
 //! [`notify`] after each turn that used buffers, [`break_queue`] when the guest (or the host)
@@ -15,6 +15,7 @@ use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vring::DeviceQueue;
 
 use super::error::Error;
+use super::hold::{self, CallHold};
 use super::metrics::{QueueCounters, QueueTunables};
 
 /// A running queue handed to a worker, with its notification fds, counters and tunables.
@@ -28,10 +29,12 @@ pub struct QueueRuntime {
     pub err: Option<PeerEventFd>,
     pub counters: Arc<QueueCounters>,
     pub tunables: Arc<QueueTunables>,
-    /// Notification coalescing: a call the driver asked for but we hold back, since when,
-    /// and the used count at the last call.
-    held_since: Option<Instant>,
+    /// Notification coalescing: a call the driver asked for but we hold back (by the
+    /// driver's NOTF_COAL, or by [`CallHold`] when the driver set none), and the used count
+    /// at the last call.
+    held: Option<Held>,
     used_at_last_call: u64,
+    hold: CallHold,
     /// The engine's used-index store count already added to the counters.
     stores_reported: u64,
 }
@@ -58,8 +61,9 @@ impl QueueRuntime {
             err,
             counters,
             tunables,
-            held_since: None,
+            held: None,
             used_at_last_call,
+            hold: CallHold::default(),
             stores_reported,
         }
     }
@@ -83,16 +87,27 @@ impl QueueRuntime {
             }
         }
         self.counters.calls.add(1);
-        if self.held_since.take().is_some() {
+        let used = self.queue.stats().used;
+        let held = self.held.take();
+        if held.is_some() {
             self.counters.calls_coalesced.add(1);
         }
-        self.used_at_last_call = self.queue.stats().used;
+        let gathered = held.filter(|h| h.by_us).map(|h| used - h.used);
+        if gathered.is_some() {
+            self.counters.calls_held.add(1);
+        }
+        self.hold.called(Instant::now(), gathered);
+        self.used_at_last_call = used;
     }
 
     /// When the held call is due, if one is held.
     pub fn call_deadline(&self) -> Option<Instant> {
-        let since = self.held_since?;
-        Some(since + Duration::from_micros(self.tunables.coalesce().max_usecs as u64))
+        let h = self.held?;
+        Some(if h.by_us {
+            h.since + hold::HOLD
+        } else {
+            h.since + Duration::from_micros(self.tunables.coalesce().max_usecs as u64)
+        })
     }
 
     /// Sends the held call if its time has come.
@@ -151,7 +166,7 @@ pub fn install_queue(epoll: &Epoll, slot: &mut Option<QueueRuntime>, q: QueueRun
 /// watching its kick, and returns its next avail index (what GET_VRING_BASE reports).
 pub fn retire_queue(epoll: &Epoll, mut q: QueueRuntime) -> u16 {
     q.queue.flush();
-    if q.held_since.is_some() {
+    if q.held.is_some() {
         q.fire();
     }
     // The kick may not be watched (see install_queue): nothing to undo then.
@@ -220,10 +235,20 @@ impl FaultWatch {
     }
 }
 
+/// A call held back: since when, whether by [`CallHold`] (else by the driver's NOTF_COAL),
+/// and the used count when it was first wanted.
+#[derive(Clone, Copy, Debug)]
+struct Held {
+    since: Instant,
+    by_us: bool,
+    used: u64,
+}
+
 /// Publishes the used batch and sends the call if the driver asked for it, unless
-/// coalescing holds it back: then it goes once `max_packets` completions accumulate or
-/// `max_usecs` pass (the worker's timer), whichever is first. A held call is never dropped:
-/// with EVENT_IDX the driver will not ask again until it has been woken.
+/// coalescing holds it back: the driver's NOTF_COAL (the call goes once `max_packets`
+/// completions accumulate or `max_usecs` pass, the worker's timer, whichever is first), or,
+/// when the driver set none, [`CallHold`] while the driver is busy. A held call is never
+/// dropped: with EVENT_IDX the driver will not ask again until it has been woken.
 pub fn notify(q: &mut QueueRuntime) {
     let need = q.queue.needs_notification();
     // Every used.idx store, including those add_used made when a batch filled.
@@ -231,19 +256,30 @@ pub fn notify(q: &mut QueueRuntime) {
     q.counters.batches_flushed.add(stores - q.stores_reported);
     q.stores_reported = stores;
     let coal = q.tunables.coalesce();
-    if need && coal.is_off() {
-        q.fire();
-        return;
+    if need && q.held.is_none() {
+        let now = Instant::now();
+        let by_us = coal.is_off() && q.tunables.hold_calls() && q.hold.should_hold(now);
+        if coal.is_off() && !by_us {
+            q.fire();
+            return;
+        }
+        q.held = Some(Held {
+            since: now,
+            by_us,
+            used: q.queue.stats().used,
+        });
     }
-    if need && q.held_since.is_none() {
-        q.held_since = Some(Instant::now());
-    }
-    if q.held_since.is_none() {
+    let Some(held) = q.held else {
         q.counters.calls_suppressed.add(1);
         return;
-    }
+    };
     let used = q.queue.stats().used - q.used_at_last_call;
-    if coal.is_off() || (coal.max_packets > 0 && used >= coal.max_packets as u64) {
+    let max_packets = if held.by_us {
+        hold::HOLD_PACKETS
+    } else {
+        coal.max_packets as u64
+    };
+    if (!held.by_us && coal.is_off()) || (max_packets > 0 && used >= max_packets) {
         q.fire();
     } else {
         q.fire_if_due(Instant::now());
@@ -377,6 +413,45 @@ mod tests {
         let next = retire_queue(&Epoll::new().unwrap(), s.runtime);
         assert_eq!(counters.calls.get(), 2);
         assert_eq!(next, 2);
+    }
+
+    #[test]
+    fn while_the_driver_is_busy_calls_are_held_only_as_long_as_holding_gathers_more() {
+        let mut s = setup(QueueId::Rx(0), Features::VERSION_1);
+        post_rx(&mut s.driver, 12, 64);
+        let q = &mut s.runtime;
+        q.tunables.set_hold_calls(true);
+        assert!(
+            use_one(q),
+            "the first call: nothing says the driver is busy"
+        );
+        // A call just went out: busy. Held; the next completion joins it.
+        assert!(!use_one(q) && !use_one(q), "held");
+        let due = q.call_deadline().expect("held");
+        assert!(due <= Instant::now() + hold::HOLD);
+        q.fire_if_due(due);
+        assert_eq!(
+            (q.counters.calls.get(), q.counters.calls_held.get()),
+            (2, 1)
+        );
+        // Holds that gather nothing (each call covers its one completion): once they are 3
+        // of the first 4, calls go at once.
+        for _ in 0..3 {
+            assert!(!use_one(q));
+            q.fire_if_due(q.call_deadline().expect("held"));
+        }
+        assert!(use_one(q), "holding stopped paying");
+        assert_eq!(q.counters.calls_held.get(), 4);
+        // The driver's own coalescing wins, and is not ours.
+        q.tunables.set_coalesce(Coalesce {
+            max_packets: 2,
+            max_usecs: 1_000_000,
+        });
+        assert!(
+            !use_one(q) && use_one(q),
+            "held to the driver's max_packets"
+        );
+        assert_eq!(q.counters.calls_held.get(), 4);
     }
 
     #[test]

@@ -91,6 +91,9 @@ pub struct BackendConfig {
     pub mtu: Option<u16>,
     /// How each queue busy-polls before sleeping: auto by default (`virtnet ctl` changes it).
     pub busy_poll: BusyPoll,
+    /// Hold a data queue's call a few microseconds while its driver is busy and holding
+    /// gathers more completions (`hold`); the driver's NOTF_COAL settings win.
+    pub hold_calls: bool,
     /// A slow device on purpose (the control-queue benchmark): wait this long before answering
     /// each control command. The `experiments` feature.
     #[cfg(feature = "experiments")]
@@ -122,6 +125,7 @@ impl Default for BackendConfig {
             mac: [0x52, 0x54, 0x00, 0x12, 0x34, 0x56],
             mtu: None,
             busy_poll: BusyPoll::Auto,
+            hold_calls: true,
             #[cfg(feature = "experiments")]
             ctrl_delay_us: 0,
             used_batch: vring::DEFAULT_USED_BATCH,
@@ -233,8 +237,10 @@ impl Shared {
         let queues = || QueueId::all(config.pairs);
         let counters = queues().map(|_| Arc::default()).collect();
         let tunables: Vec<Arc<QueueTunables>> = queues().map(|_| Arc::default()).collect();
-        for t in &tunables {
+        for (t, id) in tunables.iter().zip(queues()) {
             t.set_busy_poll(config.busy_poll);
+            // The control queue's calls answer commands one at a time: never held.
+            t.set_hold_calls(config.hold_calls && id != QueueId::Ctrl);
         }
         let mut offered = device_features(config.pairs);
         if let Some(t) = taps.first() {

@@ -71,6 +71,11 @@ pub struct BackendArgs {
     /// (0 = off). `virtnet ctl set-busy-poll` changes it live.
     #[arg(long, default_value = "auto")]
     busy_poll: virtnet_backend::BusyPoll,
+    /// Hold a queue's interrupt a few microseconds while the driver is busy and holding lets
+    /// it cover more completions (`auto`), or never (`off`). The driver's own coalescing
+    /// (NOTF_COAL, `ethtool -C`) always wins.
+    #[arg(long, default_value = "auto", value_parser = ["auto", "off"])]
+    hold_calls: String,
     /// A fixed busy-poll timeout in microseconds: the same as `--busy-poll US`.
     #[arg(long, conflicts_with = "busy_poll", value_parser = clap::value_parser!(u32).range(..=1_000_000))]
     busy_poll_us: Option<u32>,
@@ -154,6 +159,7 @@ pub fn run(args: BackendArgs) -> Result<(), Box<dyn std::error::Error>> {
         busy_poll: args
             .busy_poll_us
             .map_or(args.busy_poll, virtnet_backend::BusyPoll::fixed),
+        hold_calls: args.hold_calls == "auto",
         ctrl_delay_us: args.ctrl_delay_us,
         used_batch: args.used_batch,
         poll_rx_from_tx: !args.no_poll_rx_from_tx,
