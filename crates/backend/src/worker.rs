@@ -611,6 +611,35 @@ mod tests {
     }
 
     #[test]
+    fn a_poll_ends_when_the_worker_is_shut_down_and_says_so() {
+        let (_rd, wr) = pipe();
+        let shared = Arc::new(shared());
+        let s = setup_sized(QueueId::Tx(0), Features::VERSION_1, 256);
+        let counters = s.runtime.counters.clone();
+        // A poll of a second: only the shutdown can end it sooner.
+        s.runtime.tunables.set_busy_poll(BusyPoll::Fixed(1_000_000));
+        let wake = vmm_sys_util::eventfd::EventFd::new(libc::EFD_NONBLOCK).unwrap();
+        let worker = WorkerHandle::spawn("t-poll-shutdown".into(), wake, move |inbox| {
+            let port = PipePort { pipe: wr };
+            Worker::new(0, port, shared, inbox).unwrap().run().unwrap();
+        })
+        .unwrap();
+        worker.start(s.runtime);
+        assert!(testkit::eventually(Duration::from_secs(5), || {
+            counters.busy_poll_entries.get() > 0
+        }));
+        let t = Instant::now();
+        drop(worker);
+        assert!(
+            t.elapsed() < Duration::from_millis(500),
+            "the shutdown waited {:?} for the poll",
+            t.elapsed()
+        );
+        let c = counters.snapshot();
+        assert_eq!((c.busy_poll_exit_shutdown, c.busy_poll_timeouts), (1, 0));
+    }
+
+    #[test]
     fn a_frame_the_host_cannot_take_stays_on_the_ring_and_goes_when_it_can() {
         const FRAMES: u32 = 200;
         const LEN: u32 = 2000;
