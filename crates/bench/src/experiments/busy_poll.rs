@@ -275,7 +275,7 @@ pub fn tables(r: &Results) -> Vec<Table> {
             "p50 us",
             "p99 us",
             "device CPU us/transaction",
-            "auto's budget us",
+            "auto's last budget us",
         ],
     );
     for s in &r.sweep {
@@ -283,7 +283,8 @@ pub fn tables(r: &Results) -> Vec<Table> {
             BusyPoll::Auto => {
                 let mut b: Vec<u32> = s.runs.iter().map(|r| r.auto_budget_us).collect();
                 b.sort_unstable();
-                b[b.len() / 2].to_string()
+                let stops: u64 = s.runs.iter().map(|r| r.busy_poll_contended).sum();
+                format!("{} (contended {stops}x)", b[b.len() / 2])
             }
             _ => "-".into(),
         };
