@@ -12,6 +12,8 @@
 
 #![forbid(unsafe_code)]
 
+use std::time::Duration;
+
 use bench::ring::{device_side, pingpong, ChainShape, RingMemory};
 use bench::summary::Summary;
 use bench::table::Table;
@@ -52,10 +54,12 @@ impl Row {
 fn pingpong_once(
     engine: Engine,
     mode: pingpong::Mode,
+    device_poll: Duration,
     ops: u64,
 ) -> Result<pingpong::Run, BenchError> {
     let ring = RingMemory::new(mode.features())?;
-    let cfg = pingpong::Config::new(mode, ops);
+    let mut cfg = pingpong::Config::new(mode, ops);
+    cfg.device_poll = device_poll;
     match engine {
         Engine::Vring => pingpong::run(&ring, ring.vring_device()?, &cfg),
         Engine::VirtioQueue => {
@@ -140,14 +144,26 @@ fn main() -> Result<(), BenchError> {
         Row::new("ping-pong, poll (vring used batch 1)", "Mops/s", None),
         Row::new("ping-pong, sleep, event idx", "Mops/s", None),
         Row::new("ping-pong, sleep, flags", "Mops/s", None),
+        Row::new(
+            "ping-pong, sleep, flags, device polls 5 us first",
+            "Mops/s",
+            Some(1.0),
+        ),
         Row::new("device side, 1-descriptor chains", "Mdesc/s", Some(3.0)),
         Row::new("device side, 4-descriptor chains", "Mdesc/s", Some(3.0)),
     ];
+    let (now, poll) = (Duration::ZERO, Duration::from_micros(5));
+    let flags = pingpong::Mode::Sleep { event_idx: false };
     let pp_modes = [
-        (poll64, args.poll_ops),
-        (pingpong::Mode::Poll { used_batch: 1 }, args.poll_ops),
-        (pingpong::Mode::Sleep { event_idx: true }, args.sleep_ops),
-        (pingpong::Mode::Sleep { event_idx: false }, args.sleep_ops),
+        (poll64, now, args.poll_ops),
+        (pingpong::Mode::Poll { used_batch: 1 }, now, args.poll_ops),
+        (
+            pingpong::Mode::Sleep { event_idx: true },
+            now,
+            args.sleep_ops,
+        ),
+        (flags, now, args.sleep_ops),
+        (flags, poll, args.sleep_ops),
     ];
     let shapes = [ChainShape::ONE, ChainShape::FOUR];
     for rep in 0..args.repeats {
@@ -158,11 +174,11 @@ fn main() -> Result<(), BenchError> {
         } else {
             [Engine::VirtioQueue, Engine::Vring]
         };
-        for (row, &(mode, ops)) in rows.iter_mut().zip(&pp_modes) {
+        for (row, &(mode, device_poll, ops)) in rows.iter_mut().zip(&pp_modes) {
             let mut counts = ([0.0; 3], [0.0; 3]);
             for engine in order {
                 // virtio-queue has no used batch: its poll run is the same in both poll rows.
-                let r = pingpong_once(engine, mode, ops)?;
+                let r = pingpong_once(engine, mode, device_poll, ops)?;
                 match engine {
                     Engine::Vring => {
                         row.ours.push(r.mops());
@@ -176,7 +192,7 @@ fn main() -> Result<(), BenchError> {
             }
             row.counts = Some(counts);
         }
-        for (row, &shape) in rows[4..].iter_mut().zip(&shapes) {
+        for (row, &shape) in rows[5..].iter_mut().zip(&shapes) {
             for engine in order {
                 let r = device_side_once(engine, shape, args.rounds)?;
                 match engine {
