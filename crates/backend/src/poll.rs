@@ -16,10 +16,13 @@
 //! - **Contention.** Every [`CHECK_EVERY`] while the pair is active, it looks at how its
 //!   thread was scheduled since the last look: polls the scheduler preempted (an involuntary
 //!   switch during the poll) and the time the thread waited runnable (`run_delay` of
-//!   /proc/thread-self/schedstat). Two preempted polls, or a wait over 1/[`RUN_DELAY_SHARE`]
-//!   of the interval, mean another task wants this CPU: polling stops for a back-off, 10 ms
-//!   doubling to 1 s while contention lasts, and resumes once a check that follows some
-//!   polling finds none.
+//!   /proc/thread-self/schedstat). Two preempted polls, or waits that add up to over
+//!   1/[`RUN_DELAY_SHARE`] of the interval and average over [`SLICE_WAIT`] each time the
+//!   thread got the CPU, mean another task wants this CPU: polling stops for a back-off,
+//!   10 ms doubling to 1 s while contention lasts, and resumes once a check that follows some
+//!   polling finds none. (The average keeps out the wake-ups of a thread that sleeps often:
+//!   in a VM each costs tens of microseconds of run delay, a halted vCPU being woken, with no
+//!   other task involved.)
 
 use std::fmt;
 use std::str::FromStr;
@@ -137,8 +140,11 @@ pub const MIN_POLL_US: u32 = 2;
 pub const HIT_SAVES_US: u32 = 50;
 /// How often, at most, the scheduling of the worker's thread is looked at.
 pub const CHECK_EVERY: Duration = Duration::from_millis(10);
-/// Contended when the thread waited runnable for more than 1/this of an interval.
+/// Contended when the thread waited runnable for more than 1/this of an interval, ...
 pub const RUN_DELAY_SHARE: u64 = 20;
+/// ... and longer than this on average each time it got the CPU: another task's slice, not
+/// a wake-up.
+pub const SLICE_WAIT: Duration = Duration::from_micros(200);
 /// Contended when this many polls were preempted within an interval.
 const YIELDS: u32 = 2;
 const BACKOFF_MIN: Duration = Duration::from_millis(10);
@@ -171,7 +177,7 @@ pub struct AutoPoll {
     /// Since the last check: preempted polls, and whether any poll was made.
     yields: u32,
     polled: bool,
-    last_check: Option<(Instant, u64)>,
+    last_check: Option<(Instant, u64, u64)>,
 }
 
 impl AutoPoll {
@@ -227,24 +233,26 @@ impl AutoPoll {
     /// Whether a scheduling check is due.
     pub fn check_due(&self, now: Instant) -> bool {
         self.last_check
-            .is_none_or(|(t, _)| now.saturating_duration_since(t) >= CHECK_EVERY)
+            .is_none_or(|(t, _, _)| now.saturating_duration_since(t) >= CHECK_EVERY)
     }
 
-    /// A scheduling check: `run_delay_ns` is the thread's total time spent waiting runnable
-    /// (None when the kernel does not say).
-    pub fn check(&mut self, now: Instant, run_delay_ns: Option<u64>) -> Check {
-        let delay = run_delay_ns.unwrap_or(0);
+    /// A scheduling check: `sched` is the thread's total time spent waiting runnable, in
+    /// nanoseconds, and the times it got a CPU (None when the kernel does not say).
+    pub fn check(&mut self, now: Instant, sched: Option<(u64, u64)>) -> Check {
+        let (delay, slices) = sched.unwrap_or((0, 0));
         let waited_too_long = match self.last_check {
-            Some((t, d)) => {
+            Some((t, d, n)) => {
                 let wall = now.saturating_duration_since(t).as_nanos() as u64;
-                delay.saturating_sub(d) * RUN_DELAY_SHARE > wall
+                let waited = delay.saturating_sub(d);
+                let per_slice = waited / slices.saturating_sub(n).max(1);
+                waited * RUN_DELAY_SHARE > wall && per_slice > SLICE_WAIT.as_nanos() as u64
             }
             None => false,
         };
         let contended = waited_too_long || self.yields >= YIELDS;
         let polled = std::mem::take(&mut self.polled);
         self.yields = 0;
-        self.last_check = Some((now, delay));
+        self.last_check = Some((now, delay, slices));
         let was = !self.backoff.is_zero();
         if contended {
             self.backoff = (self.backoff * 2).clamp(BACKOFF_MIN, BACKOFF_MAX);
@@ -378,12 +386,12 @@ mod tests {
         let t0 = Instant::now();
         let mut p = AutoPoll::new(t0);
         feed(&mut p, [5; WINDOW]);
-        assert_eq!(p.check(t0, Some(0)), Check::Same);
+        assert_eq!(p.check(t0, Some((0, 0))), Check::Same);
         let mut t = t0 + CHECK_EVERY;
         // Two polls preempted within an interval: contended.
         p.record_exit(PollExit::Yield);
         p.record_exit(PollExit::Yield);
-        assert_eq!(p.check(t, Some(0)), Check::Contended);
+        assert_eq!(p.check(t, Some((0, 0))), Check::Contended);
         assert_eq!(p.budget(t), 0);
         assert!(p.contended(t));
         assert!(p.budget(t + BACKOFF_MIN) > 0, "the back-off ends");
@@ -391,36 +399,41 @@ mod tests {
         t += BACKOFF_MIN;
         p.record_exit(PollExit::Yield);
         p.record_exit(PollExit::Yield);
-        assert_eq!(p.check(t, Some(0)), Check::Same);
+        assert_eq!(p.check(t, Some((0, 0))), Check::Same);
         assert_eq!(p.budget(t + BACKOFF_MIN), 0, "doubled");
         assert!(p.budget(t + 2 * BACKOFF_MIN) > 0);
         // Polls without preemption after the back-off: contention is over.
         t += 2 * BACKOFF_MIN;
         p.record_exit(PollExit::Hit);
-        assert_eq!(p.check(t, Some(0)), Check::Clear);
+        assert_eq!(p.check(t, Some((0, 0))), Check::Clear);
         assert!(!p.contended(t) && p.budget(t) > 0);
     }
 
     #[test]
-    fn waiting_runnable_for_a_twentieth_of_the_time_is_contention() {
+    fn long_waits_for_the_cpu_are_contention_and_many_short_wake_ups_are_not() {
         let t0 = Instant::now();
         let mut p = AutoPoll::new(t0);
         feed(&mut p, [5; WINDOW]);
-        p.check(t0, Some(1_000_000));
+        p.check(t0, Some((1_000_000, 100)));
         let wall = CHECK_EVERY.as_nanos() as u64;
-        // 4% of the interval spent runnable: not contended.
+        // 4% of the interval spent runnable, in 2 ms waits: not contended.
         let t1 = t0 + CHECK_EVERY;
-        assert_eq!(p.check(t1, Some(1_000_000 + wall / 25)), Check::Same);
-        // 10%: contended, even with polls never preempted.
+        let (d1, n1) = (1_000_000 + wall / 25, 100 + 1);
+        assert_eq!(p.check(t1, Some((d1, n1))), Check::Same);
+        // 30%, over 1000 wake-ups of 30 us each (a VM's halted vCPU woken): not contended.
         let t2 = t1 + CHECK_EVERY;
-        let d2 = 1_000_000 + wall / 25 + wall / 10;
-        assert_eq!(p.check(t2, Some(d2)), Check::Contended);
+        let (d2, n2) = (d1 + 3 * wall / 10, n1 + 100);
+        assert_eq!(p.check(t2, Some((d2, n2))), Check::Same);
+        // 10%, in 1 ms waits (another task's slices): contended, polls never preempted.
+        let t3 = t2 + CHECK_EVERY;
+        let (d3, n3) = (d2 + wall / 10, n2 + 1);
+        assert_eq!(p.check(t3, Some((d3, n3))), Check::Contended);
         // While it does not poll, a clean check does not end it: only a probe that polled.
-        let t3 = t2 + BACKOFF_MIN;
-        assert_eq!(p.check(t3, Some(d2)), Check::Same);
-        assert!(p.budget(t3) > 0, "the probe may poll");
+        let t4 = t3 + BACKOFF_MIN;
+        assert_eq!(p.check(t4, Some((d3, n3))), Check::Same);
+        assert!(p.budget(t4) > 0, "the probe may poll");
         p.record_exit(PollExit::Timeout);
-        assert_eq!(p.check(t3 + CHECK_EVERY, Some(d2)), Check::Clear);
+        assert_eq!(p.check(t4 + CHECK_EVERY, Some((d3, n3))), Check::Clear);
     }
 
     #[test]

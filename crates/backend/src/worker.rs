@@ -401,8 +401,8 @@ impl<H: Host> Worker<H> {
             BusyPoll::Auto => {
                 let now = Instant::now();
                 if self.auto.check_due(now) {
-                    let delay = self.schedstat.as_ref().and_then(SchedStat::run_delay_ns);
-                    if self.auto.check(now, delay) == Check::Contended {
+                    let sched = self.schedstat.as_ref().and_then(SchedStat::sample);
+                    if self.auto.check(now, sched) == Check::Contended {
                         counters.busy_poll_contended.add(1);
                     }
                 }

@@ -242,22 +242,22 @@ impl SchedStat {
     /// Opens the calling thread's file; an error when the kernel keeps no schedstats.
     pub fn open() -> io::Result<SchedStat> {
         let s = SchedStat(std::fs::File::open("/proc/thread-self/schedstat")?);
-        s.run_delay_ns()
+        s.sample()
             .map(|_| s)
             .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "unreadable schedstat"))
     }
 
-    /// Nanoseconds the thread has spent runnable, waiting for a CPU, so far.
-    pub fn run_delay_ns(&self) -> Option<u64> {
+    /// Nanoseconds the thread has spent runnable, waiting for a CPU, and the times it has
+    /// been given one, so far.
+    pub fn sample(&self) -> Option<(u64, u64)> {
         use std::os::unix::fs::FileExt;
         let mut buf = [0u8; 96];
         let n = self.0.read_at(&mut buf, 0).ok()?;
-        std::str::from_utf8(&buf[..n])
+        let mut f = std::str::from_utf8(&buf[..n])
             .ok()?
-            .split_ascii_whitespace()
-            .nth(1)?
-            .parse()
-            .ok()
+            .split_ascii_whitespace();
+        let _on_cpu = f.next()?;
+        Some((f.next()?.parse().ok()?, f.next()?.parse().ok()?))
     }
 }
 
@@ -335,13 +335,15 @@ mod tests {
             std::thread::spawn(move || {
                 pin_thread(0).unwrap();
                 let s = SchedStat::open().unwrap();
-                let before = s.run_delay_ns().unwrap();
+                let (before, slices) = s.sample().unwrap();
                 let t = std::time::Instant::now();
                 while t.elapsed() < std::time::Duration::from_millis(200) {
                     std::hint::spin_loop();
                 }
                 stop.store(true, std::sync::atomic::Ordering::Relaxed);
-                s.run_delay_ns().unwrap() - before
+                let (after, slices_after) = s.sample().unwrap();
+                assert!(slices_after > slices);
+                after - before
             })
         };
         let (a, b) = (spin(stop.clone()), spin(stop));
