@@ -157,7 +157,9 @@ fn busy_poll(r: &Value) {
     );
 }
 
-/// Rx from tx: both directions moved frames in both modes.
+/// Rx from tx: both directions moved frames in both modes. In the windowed stream (4b),
+/// every window sent was acked and every frame reached the peer, whichever the setting; and
+/// with rx polled from tx, the worker's polls found work (acks among it).
 fn rx_from_tx(r: &Value) {
     for m in r["modes"].as_array().expect("modes") {
         for run in m["runs"].as_array().expect("runs") {
@@ -165,6 +167,34 @@ fn rx_from_tx(r: &Value) {
             assert!(run["rx_gbps"].as_f64().unwrap() > 0.0, "{run}");
         }
     }
+    let w = &r["window"];
+    let window = u(w, &["window"]);
+    let settings = w["settings"].as_array().expect("settings");
+    let labels: Vec<&str> = settings
+        .iter()
+        .map(|s| s["label"].as_str().unwrap())
+        .collect();
+    assert_eq!(labels, ["off", "on", "auto"]);
+    for s in settings {
+        for run in s["runs"].as_array().expect("runs") {
+            let windows = u(run, &["windows"]);
+            assert_eq!(u(run, &["acks"]), windows, "{}: {run}", s["label"]);
+            assert_eq!(u(run, &["lost"]), 0, "{}: {run}", s["label"]);
+            let frames = u(run, &["frames"]);
+            assert_eq!(frames, windows * window, "{}: {run}", s["label"]);
+            assert_eq!(u(run, &["peer", "frames"]), frames, "{}: {run}", s["label"]);
+            assert_eq!(u(run, &["peer", "acks"]), windows, "{}: {run}", s["label"]);
+            assert_eq!(
+                u(run, &["device_tx_packets"]),
+                frames,
+                "{}: {run}",
+                s["label"]
+            );
+        }
+    }
+    let windows = sum(&settings[1]["runs"], &["windows"]);
+    assert!(windows > 0, "no window with rx polled from tx");
+    assert!(sum(&settings[1]["runs"], &["busy_poll_hits"]) > 0);
 }
 
 /// Seed 002's tx path (delayed callbacks, capacity stop/wake, bounded reclaim) gives fewer tx
