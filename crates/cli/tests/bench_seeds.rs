@@ -1,5 +1,6 @@
-//! `virtnet bench --quick --json` for the seed experiments (1 to 6): the output parses, and
-//! the directions that counts (or CPU time, for the control queue) can show are asserted.
+//! `virtnet bench --quick --json` for the seed experiments (1 to 6) and busy polling across
+//! loads (7): the output parses, and the directions that counts (or CPU time, for the
+//! control queue) can show are asserted.
 //! Counts, not times: times on a shared CI machine prove nothing.
 
 mod common;
@@ -248,13 +249,62 @@ fn tx_completion(r: &Value) {
     }
 }
 
+/// Busy polling across loads (experiment 7): every load ran every setting; off never polls;
+/// idle moved no frame and no poll found work; a fixed timeout polls after any frame moved;
+/// an rr transaction is one frame each way through echo (the last request may be left
+/// unanswered at the stop, and a lost one may be answered late); auto reports its counters.
+fn poll_loads(r: &Value) {
+    let loads = r["loads"].as_array().expect("loads");
+    let names: Vec<&str> = loads.iter().map(|l| l["load"].as_str().unwrap()).collect();
+    assert_eq!(names, ["idle", "rr", "stream", "contended", "bursty"]);
+    for l in loads {
+        let name = l["load"].as_str().unwrap();
+        let settings = l["settings"].as_array().expect("settings");
+        let polls: Vec<String> = settings
+            .iter()
+            .map(|s| s["busy_poll_us"].to_string())
+            .collect();
+        assert_eq!(polls, ["0", "10", "50", "100", "\"auto\""], "{name}");
+        for s in settings {
+            let fixed = s["busy_poll_us"].as_u64().is_some_and(|us| us > 0);
+            for run in s["runs"].as_array().expect("runs") {
+                let frames = u(run, &["device_frames"]);
+                let entries = u(run, &["busy_poll_entries"]);
+                if s["busy_poll_us"] == 0 {
+                    assert_eq!(entries, 0, "{name}: off polled: {run}");
+                }
+                if fixed && frames > 0 {
+                    assert!(entries > 0, "{name}: {run}");
+                }
+                if name == "idle" {
+                    assert_eq!(frames, 0, "idle moved frames: {run}");
+                    assert_eq!(u(run, &["busy_poll_hits"]), 0, "{run}");
+                }
+                if matches!(name, "rr" | "contended" | "bursty") {
+                    let (t, lost) = (u(run, &["transactions"]), u(run, &["lost"]));
+                    let backends = if name == "contended" { 2 } else { 1 };
+                    assert!(
+                        2 * t <= frames && frames <= 2 * (t + lost + backends),
+                        "{name}: {frames} frames for {t} transactions: {run}"
+                    );
+                }
+                if s["busy_poll_us"] == "auto" {
+                    u(run, &["busy_poll_skipped"]);
+                    u(run, &["busy_poll_contended"]);
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn seed_experiments_quick_json() {
-    let r = results("1,2,3,4,5,6");
+    let r = results("1,2,3,4,5,6,7");
     event_idx(&r[0]);
     used_batch(&r[1]);
     busy_poll(&r[2]);
     rx_from_tx(&r[3]);
     ctrl(&r[4]);
     tx_completion(&r[5]);
+    poll_loads(&r[6]);
 }
