@@ -10,7 +10,7 @@ use vnet::feature;
 use vring::Features;
 
 use super::ctrlq::CtrlWorker;
-use super::host::{echo::EchoPort, null::NullPort, tap::TapPort, Host};
+use super::host::{echo::EchoPort, null::NullPort, socket::SocketPort, tap::TapPort, Host};
 use super::metrics::{QueueCounters, QueueReport};
 use super::poll::BusyPoll;
 use super::queue::QueueId;
@@ -64,6 +64,14 @@ impl Device {
                 tap_queues.push(q);
             }
         }
+        if let IoMode::Socket(s) = &config.io {
+            if s.len() != config.pairs as usize {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("{} sockets for {} queue pairs", s.len(), config.pairs),
+                ));
+            }
+        }
         if config.seccomp {
             // Sandboxed workers cannot start the watchdog thread on their first call.
             virtnet_sys::peer_fd::prepare_watchdog()?;
@@ -92,6 +100,7 @@ impl Device {
                 }
                 IoMode::Null { size } => spawn_pair(p, NullPort::new(*size, p), &shared),
                 IoMode::Echo => spawn_pair(p, EchoPort::default(), &shared),
+                IoMode::Socket(s) => spawn_pair(p, SocketPort::new(s.duplicate(p)?)?, &shared),
             };
             workers.push(worker?);
         }

@@ -72,13 +72,54 @@ pub fn tap_features(support: TapSupport) -> Features {
     f
 }
 
-/// Where frames go, as chosen on the command line.
+/// Where frames go, as chosen on the command line (or, for `Socket`, by the program that
+/// builds the device).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum IoMode {
     Tap(String),
-    Null { size: usize },
+    Null {
+        size: usize,
+    },
     Echo,
+    /// One connected unix datagram socket per pair (`host::socket`): the host side is whoever
+    /// holds the other ends.
+    Socket(HostSockets),
 }
+
+/// The sockets of [`IoMode::Socket`], one per pair, shared by the configuration's copies:
+/// the device works on duplicates of them. Two are equal when they are the same sockets.
+#[derive(Clone, Debug)]
+pub struct HostSockets(Arc<[std::os::unix::net::UnixDatagram]>);
+
+impl HostSockets {
+    pub fn new(sockets: Vec<std::os::unix::net::UnixDatagram>) -> HostSockets {
+        HostSockets(sockets.into())
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// A duplicate of pair `pair`'s socket (the same open file).
+    pub fn duplicate(&self, pair: u16) -> io::Result<std::os::unix::net::UnixDatagram> {
+        self.0
+            .get(pair as usize)
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no socket for the pair"))?
+            .try_clone()
+    }
+}
+
+impl PartialEq for HostSockets {
+    fn eq(&self, other: &HostSockets) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for HostSockets {}
 
 #[derive(Clone, Debug)]
 pub struct BackendConfig {

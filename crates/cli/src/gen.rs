@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use clap::Args;
 use virtnet_driver::gen::frames::Proto;
-use virtnet_driver::gen::{self, GenConfig, GsoConfig, Mode};
+use virtnet_driver::gen::{self, GenConfig, GsoConfig, Mode, OnOff};
 use virtnet_driver::CtrlMode;
 
 #[derive(Debug, Args)]
@@ -15,9 +15,18 @@ pub struct GenArgs {
     /// The backend's vhost-user socket.
     #[arg(long)]
     socket: PathBuf,
-    /// txonly, rxonly, io (both at once) or rr (round trips through an echoing backend).
+    /// txonly, rxonly, io (both at once), rr (round trips through an echoing backend) or
+    /// window (a window of frames, then wait for the host side's ack before the next: a
+    /// backend whose host side acknowledges, as `virtnet bench` experiment 4b's peer does).
     #[arg(long, default_value = "txonly")]
     mode: Mode,
+    /// With --mode window: frames per window, at most --queue-size.
+    #[arg(long, default_value_t = 64)]
+    window: usize,
+    /// With --mode rr: send in bursts, ON milliseconds of round trips then OFF of silence,
+    /// e.g. 2:8.
+    #[arg(long, value_name = "ON:OFF")]
+    on_off: Option<OnOff>,
     /// Frame size in bytes, Ethernet header included (no FCS): 60 to 1518; with --gso the
     /// super-frame's size, up to 65549 (65589 with --ipv6), e.g. 65000.
     #[arg(long, default_value_t = 64)]
@@ -106,6 +115,8 @@ pub fn run(args: GenArgs) -> Result<(), Box<dyn std::error::Error>> {
         dim: args.dim == "on",
         queue_size: args.queue_size,
         burst: args.burst.max(1),
+        window: args.window,
+        on_off: args.on_off,
         avail_per_burst: args.avail_per_burst,
         connect_wait: seconds(args.connect_wait, "connect-wait")?,
         reconnect: if args.reconnect {

@@ -1,11 +1,13 @@
 //! `virtnet gen`: a traffic generator on our driver, to measure any vhost-user-net backend
 //! (ours, DPDK's vhost PMD).
 //!
-//! One thread per queue pair runs one of four modes: `txonly` (send as fast as the device
-//! takes frames), `rxonly` (receive what the device produces), `io` (both at once) and `rr`
+//! One thread per queue pair runs one of five modes: `txonly` (send as fast as the device
+//! takes frames), `rxonly` (receive what the device produces), `io` (both at once), `rr`
 //! (round trips through an echoing backend, one frame in flight per pair, with a latency
-//! histogram). Threads sleep on the call eventfds when idle, NAPI-style, unless busy polling
-//! is asked for. Rates are sampled once a second from the lock-free queue counters.
+//! histogram; with [`OnOff`], in bursts) and `window` (a windowed stream: a window of frames,
+//! then wait for the host side's ack, [`window`]). Threads sleep on the call eventfds when
+//! idle, NAPI-style, unless busy polling is asked for. Rates are sampled once a second from
+//! the lock-free queue counters.
 //!
 //! With [`GsoConfig`] (`--gso tcp|udp`), txonly sends TSO or USO super-frames ([`frames`]):
 //! one frame of up to 64 KiB that the device cuts into MSS-sized segments, to measure a
@@ -27,6 +29,7 @@ use crate::offload::TxOffloads;
 use crate::{DriverConfig, DriverError, NetDriver, TxPolicy, DEFAULT_FEATURES};
 pub mod frames;
 mod histogram;
+pub mod window;
 mod worker;
 
 use frames::{Flow, Proto};
@@ -41,6 +44,8 @@ pub enum Mode {
     RxOnly,
     Io,
     Rr,
+    /// A window of frames, then wait for the host side's ack ([`window`]).
+    Window,
 }
 
 impl std::str::FromStr for Mode {
@@ -51,7 +56,10 @@ impl std::str::FromStr for Mode {
             "rxonly" => Ok(Mode::RxOnly),
             "io" => Ok(Mode::Io),
             "rr" => Ok(Mode::Rr),
-            _ => Err(format!("unknown mode {s:?} (txonly, rxonly, io or rr)")),
+            "window" => Ok(Mode::Window),
+            _ => Err(format!(
+                "unknown mode {s:?} (txonly, rxonly, io, rr or window)"
+            )),
         }
     }
 }
@@ -65,6 +73,47 @@ pub struct GsoConfig {
     /// none): 1448 for TCP over IPv4, with the timestamp option, as Linux sends.
     pub mss: Option<u16>,
     pub ipv6: bool,
+}
+
+/// Traffic in bursts (`--on-off`, rr): requests go for `on`, then none for `off`, over and
+/// over from the start of the run, as an application that talks in spurts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct OnOff {
+    #[serde(serialize_with = "as_secs")]
+    pub on: Duration,
+    #[serde(serialize_with = "as_secs")]
+    pub off: Duration,
+}
+
+impl OnOff {
+    /// At `t` into the run: None while on; while off, how long until the next on phase.
+    pub fn off_for(&self, t: Duration) -> Option<Duration> {
+        let period = (self.on + self.off).as_nanos();
+        if self.off.is_zero() || period == 0 {
+            return None;
+        }
+        let phase = t.as_nanos() % period;
+        (phase >= self.on.as_nanos()).then(|| Duration::from_nanos((period - phase) as u64))
+    }
+}
+
+/// `ON:OFF` in milliseconds, as `2:8`.
+impl std::str::FromStr for OnOff {
+    type Err = String;
+    fn from_str(s: &str) -> Result<OnOff, String> {
+        let ms = |v: &str| {
+            v.trim()
+                .parse::<f64>()
+                .ok()
+                .and_then(|m| Duration::try_from_secs_f64(m / 1e3).ok())
+        };
+        match s.split_once(':').map(|(a, b)| (ms(a), ms(b))) {
+            Some((Some(on), Some(off))) if !on.is_zero() => Ok(OnOff { on, off }),
+            _ => Err(format!(
+                "on/off {s:?}: ON:OFF in milliseconds, ON above zero (e.g. 2:8)"
+            )),
+        }
+    }
 }
 
 /// A run's parameters.
@@ -89,6 +138,10 @@ pub struct GenConfig {
     pub queue_size: u16,
     /// Frames per transmit burst (one kick decision per burst).
     pub burst: usize,
+    /// Window mode: frames per window (at most `queue_size`).
+    pub window: usize,
+    /// rr: send in bursts rather than all the time.
+    pub on_off: Option<OnOff>,
     /// Publish the avail index once per burst (tx) or refill (rx) rather than per buffer.
     #[cfg(feature = "experiments")]
     pub avail_per_burst: bool,
@@ -128,6 +181,8 @@ impl Default for GenConfig {
             dim: false,
             queue_size: 256,
             burst: 32,
+            window: 64,
+            on_off: None,
             #[cfg(feature = "experiments")]
             avail_per_burst: false,
             connect_wait: Duration::from_secs(2),
@@ -222,7 +277,12 @@ pub struct PairReport {
     pub dim: Option<DimSnapshot>,
     /// CPU time of the pair's thread.
     pub cpu_s: f64,
-    /// rr: frames that never came back within the loss timeout.
+    /// rr: answers received; window: acks received.
+    pub round_trips: u64,
+    /// Window: windows sent.
+    pub windows: u64,
+    /// rr: frames that never came back within the loss timeout; window: windows that were not
+    /// acknowledged within it.
     pub lost: u64,
 }
 
@@ -301,6 +361,15 @@ fn wanted_features(config: &GenConfig) -> Features {
 
 /// Checks the size and mode before connecting.
 fn check_options(config: &GenConfig) -> Result<(), GenError> {
+    if config.on_off.is_some() && config.mode != Mode::Rr {
+        return Err(GenError::Options("--on-off is for --mode rr".into()));
+    }
+    if config.mode == Mode::Window && !(1..=config.queue_size as usize).contains(&config.window) {
+        return Err(GenError::Options(format!(
+            "--window {} is outside 1..={} (the queue size)",
+            config.window, config.queue_size
+        )));
+    }
     match config.gso {
         None if config.size < 60 || config.size > 1514 + 4 => Err(GenError::Options(format!(
             "--size {} is outside 60..=1518",
@@ -405,16 +474,20 @@ struct Session {
     gso: Option<GsoSummary>,
 }
 
+/// What one pair's thread counted on one connection.
+struct PairEnd {
+    rx: CountersSnapshot,
+    tx: CountersSnapshot,
+    dim: Option<DimSnapshot>,
+    cpu_ns: u64,
+    /// rr frames or windows lost, and windows sent.
+    lost: u64,
+    windows: u64,
+}
+
 /// What a session leaves when it ends.
 struct SessionEnd {
-    /// Per pair: (rx, tx) counters, DIM's, thread CPU time and rr frames lost.
-    pairs: Vec<(
-        CountersSnapshot,
-        CountersSnapshot,
-        Option<DimSnapshot>,
-        u64,
-        u64,
-    )>,
+    pairs: Vec<PairEnd>,
     histogram: Histogram,
     ctrl: Option<CtrlSnapshot>,
     ctrl_cpu_ns: u64,
@@ -539,8 +612,14 @@ impl Session {
             end.histogram.merge(&r.histogram);
             let (rx, tx) = &counters[pair as usize];
             let dim = self.dims.get(pair as usize).map(|d| d.snapshot());
-            end.pairs
-                .push((rx.snapshot(), tx.snapshot(), dim, r.cpu_ns, r.lost));
+            end.pairs.push(PairEnd {
+                rx: rx.snapshot(),
+                tx: tx.snapshot(),
+                dim,
+                cpu_ns: r.cpu_ns,
+                lost: r.lost,
+                windows: r.windows,
+            });
         }
         end.ctrl = self.driver.ctrl().map(|c| c.counters());
         end.ctrl_cpu_ns = self
@@ -593,12 +672,13 @@ pub fn run(config: &GenConfig, on_second: &mut dyn FnMut(&Rates)) -> Result<GenR
     let mut reconnects: Vec<Reconnect> = Vec::new();
     let mut retry: Option<Retry> = None;
     let mut fold = |end: SessionEnd, done: &mut Vec<PairReport>| {
-        for (p, (rx, tx, dim, cpu_ns, lost)) in done.iter_mut().zip(end.pairs) {
-            p.rx.accumulate(&rx);
-            p.tx.accumulate(&tx);
-            p.dim = dim.or(p.dim);
-            p.cpu_s += cpu_ns as f64 / 1e9;
-            p.lost += lost;
+        for (p, e) in done.iter_mut().zip(end.pairs) {
+            p.rx.accumulate(&e.rx);
+            p.tx.accumulate(&e.tx);
+            p.dim = e.dim.or(p.dim);
+            p.cpu_s += e.cpu_ns as f64 / 1e9;
+            p.lost += e.lost;
+            p.windows += e.windows;
         }
         hist.merge(&end.histogram);
         ctrl = end.ctrl.or(ctrl);
@@ -756,6 +836,7 @@ pub fn run(config: &GenConfig, on_second: &mut dyn FnMut(&Rates)) -> Result<GenR
     let cpu_s: f64 = done.iter().map(|p| p.cpu_s).sum();
     for (i, p) in done.iter_mut().enumerate() {
         p.pair = i as u16;
+        p.round_trips = round_trips[i].get();
     }
     Ok(GenReport {
         config: config.clone(),
@@ -766,7 +847,7 @@ pub fn run(config: &GenConfig, on_second: &mut dyn FnMut(&Rates)) -> Result<GenR
         summary,
         elapsed_s: elapsed.as_secs_f64(),
         per_pair: done,
-        latency: (config.mode == Mode::Rr).then(|| hist.latency()),
+        latency: matches!(config.mode, Mode::Rr | Mode::Window).then(|| hist.latency()),
         ctrl,
         cpu_pct: cpu_s / elapsed.as_secs_f64().max(1e-9) * 100.0,
         ctrl_cpu_s: ctrl_cpu_ns as f64 / 1e9,
@@ -833,15 +914,29 @@ impl GenReport {
                     d.profile, d.applied, d.failed
                 );
             }
-            if self.config.mode == Mode::Rr {
-                let _ = write!(o, "  lost {}", p.lost);
+            match self.config.mode {
+                Mode::Rr => {
+                    let _ = write!(o, "  lost {}", p.lost);
+                }
+                Mode::Window => {
+                    let _ = write!(
+                        o,
+                        "  windows {} of {} frames: {} acked, {} lost",
+                        p.windows, self.config.window, p.round_trips, p.lost
+                    );
+                }
+                _ => {}
             }
             let _ = writeln!(o);
         }
         if let Some(l) = &self.latency {
+            let what = match self.config.mode {
+                Mode::Window => "windows (first frame to ack)",
+                _ => "round trips",
+            };
             let _ = writeln!(
                 o,
-                "  round trips {} ({:.0}/s): min {:.1} us  p50 {:.1} us  p99 {:.1} us  p99.9 {:.1} us  max {:.1} us",
+                "  {what} {} ({:.0}/s): min {:.1} us  p50 {:.1} us  p99 {:.1} us  p99.9 {:.1} us  max {:.1} us",
                 l.samples, s.rtt_per_s, l.min_us, l.p50_us, l.p99_us, l.p999_us, l.max_us
             );
         }
@@ -905,7 +1000,57 @@ mod tests {
     #[test]
     fn modes_parse() {
         assert_eq!("rr".parse::<Mode>(), Ok(Mode::Rr));
+        assert_eq!("window".parse::<Mode>(), Ok(Mode::Window));
         assert!("bogus".parse::<Mode>().is_err());
+    }
+
+    #[test]
+    fn on_off_is_on_then_off_from_the_start_over_and_over() {
+        let ms = Duration::from_millis;
+        let s: OnOff = "2:8".parse().unwrap();
+        assert_eq!((s.on, s.off), (ms(2), ms(8)));
+        assert_eq!(s.off_for(ms(0)), None);
+        assert_eq!(s.off_for(Duration::from_micros(1999)), None);
+        assert_eq!(s.off_for(ms(2)), Some(ms(8)));
+        assert_eq!(s.off_for(ms(7)), Some(ms(3)));
+        assert_eq!(s.off_for(ms(10)), None, "the next period");
+        assert_eq!(s.off_for(ms(23)), Some(ms(7)));
+        let always: OnOff = "2:0".parse().unwrap();
+        assert_eq!(always.off_for(ms(3)), None);
+        assert_eq!(
+            "0.5:1.5".parse::<OnOff>().unwrap().on,
+            Duration::from_micros(500)
+        );
+        for bad in ["2", "0:8", "a:b", "-1:2", "2:-1"] {
+            assert!(bad.parse::<OnOff>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn on_off_and_window_are_checked_before_connecting() {
+        let bursts = GenConfig {
+            on_off: Some("2:8".parse().unwrap()),
+            ..Default::default()
+        };
+        assert!(check_options(&bursts).is_err(), "txonly in bursts");
+        assert!(check_options(&GenConfig {
+            mode: Mode::Rr,
+            ..bursts
+        })
+        .is_ok());
+        let window = |w| GenConfig {
+            mode: Mode::Window,
+            size: 1500,
+            window: w,
+            ..Default::default()
+        };
+        assert!(check_options(&window(64)).is_ok());
+        assert!(check_options(&window(256)).is_ok());
+        assert!(check_options(&window(0)).is_err());
+        assert!(
+            check_options(&window(257)).is_err(),
+            "more than the queue holds"
+        );
     }
 
     #[test]

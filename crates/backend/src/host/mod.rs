@@ -7,9 +7,12 @@
 //! - [`tap::TapPort`]: a TAP queue (IFF_VNET_HDR), the production port.
 //! - [`null::NullPort`]: drops guest tx, fills guest rx with generated frames (benchmarks).
 //! - [`echo::EchoPort`]: loops guest tx back to guest rx (benchmarks, tests).
+//! - [`socket::SocketPort`]: one end of a unix datagram socket, the other end's holder being
+//!   the host side (benchmarks: a peer that answers from its own thread, as a TAP's would).
 
 pub mod echo;
 pub mod null;
+pub mod socket;
 pub mod tap;
 
 use std::os::fd::RawFd;

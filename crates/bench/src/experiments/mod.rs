@@ -4,12 +4,14 @@
 //! Experiment 0 measures the ring engine alone. Experiments 1 to 6 reproduce the seed
 //! techniques' measurements (issue 5), each with the seed's published figure beside ours:
 //! [`event_idx`], [`used_batch`], [`busy_poll`], [`rx_from_tx`], [`ctrl`], [`tx_completion`];
-//! [`common`] holds the in-process backend they share.
+//! experiment 7 ([`poll_loads`]) takes busy polling's settings across loads, auto among
+//! them; [`common`] holds the in-process backend they share.
 
 pub mod busy_poll;
 pub mod common;
 pub mod ctrl;
 pub mod event_idx;
+pub mod poll_loads;
 pub mod ring;
 pub mod rx_from_tx;
 pub mod tx_completion;
@@ -67,6 +69,7 @@ pub const ALL: &[Experiment] = &[
     rx_from_tx::EXPERIMENT,
     ctrl::EXPERIMENT,
     tx_completion::EXPERIMENT,
+    poll_loads::EXPERIMENT,
 ];
 
 /// The experiments numbered in `only`, in that order; all of them when `only` is empty.

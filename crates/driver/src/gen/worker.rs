@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use vnet::NetHdr;
 
-use super::{GenConfig, Histogram, Mode};
+use super::{window, GenConfig, Histogram, Mode};
 use crate::{Count, DriverError, Frames, PollMode, QueuePair};
 
 /// What a pair's thread hands back.
@@ -13,10 +13,15 @@ pub(super) struct WorkerResult {
     pub histogram: Histogram,
     pub cpu_ns: u64,
     pub lost: u64,
+    /// Window mode: windows sent.
+    pub windows: u64,
 }
 
 /// How long an rr frame may take before it counts as lost.
 const RR_LOSS_TIMEOUT: Duration = Duration::from_millis(200);
+/// How long a window's ack may take before the window counts as lost: longer than an rr
+/// frame's, a window being many frames.
+const WINDOW_LOSS_TIMEOUT: Duration = Duration::from_secs(1);
 /// Frames per rx poll round: the ring is refilled after each round, so a round much shorter
 /// than the ring keeps the device supplied with buffers (Linux's NAPI weight is 64; DPDK
 /// refills every 32).
@@ -38,6 +43,8 @@ pub(super) fn worker(
 ) -> Result<WorkerResult, DriverError> {
     let mut histogram = Histogram::default();
     let mut lost_frames = 0;
+    let mut windows = 0;
+    let started = Instant::now();
     let mode = if cfg.busy_poll {
         PollMode::Busy
     } else {
@@ -83,6 +90,11 @@ pub(super) fn worker(
             let mut seq: u64 = 0;
             let mut frame = frame;
             'frames: while !stop.load(Relaxed) {
+                if let Some(pause) = cfg.on_off.and_then(|s| s.off_for(started.elapsed())) {
+                    // Between bursts: no traffic at all (re-checking the stop flag now and then).
+                    std::thread::sleep(pause.min(Duration::from_millis(IDLE_WAIT_MS as u64)));
+                    continue;
+                }
                 seq += 1;
                 frame[42..50].copy_from_slice(&seq.to_le_bytes());
                 while !p.tx.send(&frame, hdr)? {
@@ -121,6 +133,60 @@ pub(super) fn worker(
                 }
             }
         }
+        Mode::Window => {
+            let mut frame = frame;
+            let mut number: u64 = 0;
+            'windows: while !stop.load(Relaxed) {
+                number += 1;
+                window::stamp(&mut frame, number);
+                let sent_at = Instant::now();
+                let mut sent = 0;
+                while sent < cfg.window {
+                    if p.tx.send(&frame, hdr)? {
+                        sent += 1;
+                        if sent % cfg.burst.max(1) == 0 {
+                            p.tx.flush();
+                        }
+                        continue;
+                    }
+                    p.tx.flush();
+                    // A device that stopped completing must not keep us past the stop; a
+                    // window cut short is not counted.
+                    if stop.load(Relaxed) {
+                        break 'windows;
+                    }
+                    wait_tx(&mut p, cfg.busy_poll)?;
+                }
+                p.tx.flush();
+                windows += 1;
+                // Wait for the ack, even past the stop (up to the loss timeout), so that every
+                // window sent is either acked or lost; not once the device is gone.
+                let deadline = sent_at + WINDOW_LOSS_TIMEOUT;
+                let mut acked = false;
+                loop {
+                    let n = p.rx.poll(
+                        RX_BUDGET,
+                        mode,
+                        Frames(|f: &[u8]| acked |= window::acked(f) == Some(number)),
+                    )?;
+                    if acked {
+                        histogram.record(sent_at.elapsed().as_nanos() as u64);
+                        round_trips.add(1);
+                        break;
+                    }
+                    if lost.load(Relaxed) {
+                        break 'windows;
+                    }
+                    if Instant::now() >= deadline {
+                        lost_frames += 1;
+                        break;
+                    }
+                    if n == 0 && !cfg.busy_poll {
+                        p.rx.wait(1);
+                    }
+                }
+            }
+        }
     }
     if lost.load(Relaxed) {
         // What the device completed or filled before it went is in our memory: take it, so
@@ -136,6 +202,7 @@ pub(super) fn worker(
             histogram,
             cpu_ns: virtnet_sys::thread_cpu_ns(),
             lost: lost_frames,
+            windows,
         });
     }
     // Let the device finish what it took, so our counters and the peer's agree.
@@ -156,6 +223,7 @@ pub(super) fn worker(
         histogram,
         cpu_ns: virtnet_sys::thread_cpu_ns(),
         lost: lost_frames,
+        windows,
     })
 }
 

@@ -1,0 +1,322 @@
+//! The `socket` port: guest frames to and from one end of a connected unix datagram socket,
+//! one frame per message with the virtio-net header first, as a TAP with IFF_VNET_HDR hands
+//! them over. Whoever holds the other end is the host side. Its frames arrive when it sends
+//! them, from its own thread, on an fd the worker polls and sleeps on as it does a TAP's:
+//! `virtnet bench` puts there a peer that acknowledges the guest's stream (experiment 4b), as
+//! the remote end of a TCP connection behind a TAP would.
+//!
+//! tx writes each frame straight from guest memory (one writev, one message); a frame the
+//! socket cannot take yet (its send buffer is full) stays on the tx ring until the socket is
+//! writable, as with a TAP. Headers are not checked: no kernel builds a packet from them here,
+//! the peer reads them.
+//!
+//! rx reads each message with one readv straight into the guest's buffers once the guest has
+//! posted enough for the largest frame, else into a bounce buffer (`RxPath::receive_direct`,
+//! as the TAP port does); a frame that does not fit the posted buffers waits here until the
+//! guest posts more. A message longer than the largest frame the guest can expect (an MTU's,
+//! or 64 KiB with receive offloads) is dropped and counted: a kernel TAP never hands out
+//! one, and a read cuts a datagram to the buffers it is given, so a longer one must not pass
+//! either whole or cut.
+//!
+//! The socket is held as a `File`, so that its frame I/O makes a TAP's system calls (read,
+//! readv, writev, poll), the ones the workers' seccomp filter allows.
+
+use std::fs::File;
+use std::io::{self, Read};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixDatagram;
+use std::sync::atomic::Ordering::Relaxed;
+
+use vring::{Chain, Error as RingError, GuestMemory, Segment};
+
+use super::tap::max_rx_frame;
+use super::{Host, Received, Sent};
+use crate::rx::{Delivery, Direct, RxPath};
+use crate::shared::Shared;
+
+/// The largest frame delivered: a 64 KiB GSO frame and its header, as from a TAP.
+const MAX_RX_FRAME: usize = 65536 + vnet::HDR_LEN + 14 + 4;
+
+#[derive(Debug)]
+pub struct SocketPort {
+    socket: File,
+    /// A message read (its length in `bounce`) that did not fit the posted rx buffers: it
+    /// goes first once the guest posts more.
+    pending: Option<usize>,
+    /// One byte longer than the largest frame, so that a message cut to it is seen to be too
+    /// long.
+    bounce: Vec<u8>,
+}
+
+impl SocketPort {
+    /// The port over `socket`, which must be connected (one end of a socket pair, say). It is
+    /// made non-blocking, which every handle on the same open file then is.
+    pub fn new(socket: UnixDatagram) -> io::Result<SocketPort> {
+        socket.peer_addr()?;
+        socket.set_nonblocking(true)?;
+        Ok(SocketPort {
+            socket: File::from(OwnedFd::from(socket)),
+            pending: None,
+            bounce: vec![0u8; MAX_RX_FRAME + 1],
+        })
+    }
+}
+
+/// A write error that means "not now" rather than "not this frame" (the TAP port's three).
+fn is_pushback(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EAGAIN | libc::ENOMEM | libc::ENOBUFS)
+    )
+}
+
+impl Host for SocketPort {
+    /// Asking whether a message waits is a poll(2), as for a TAP.
+    const POLL_EVERY: u32 = 8;
+
+    fn rx_stopped(&mut self) -> bool {
+        self.pending.take().is_some()
+    }
+
+    fn send(
+        &mut self,
+        mem: &GuestMemory,
+        chain: &Chain,
+        _rx: &mut RxPath,
+        _shared: &Shared,
+    ) -> Result<Sent, RingError> {
+        match mem.writev_to(self.socket.as_fd(), chain.readable()) {
+            Ok(Ok(_)) => Ok(Sent::Taken),
+            Ok(Err(e)) if is_pushback(&e) => Ok(Sent::Busy),
+            // The peer is gone (ECONNREFUSED) or refuses the message (EMSGSIZE).
+            Ok(Err(_)) => Ok(Sent::Dropped),
+            // More segments than one writev takes: dropped whole, never sent cut.
+            Err(RingError::TooManySegments { .. }) => Ok(Sent::Dropped),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn receive(
+        &mut self,
+        rx: &mut RxPath,
+        shared: &Shared,
+        _room: usize,
+    ) -> Result<Received, RingError> {
+        let dropped = Received {
+            dropped: 1,
+            ..Received::default()
+        };
+        let count_drop = |rx: &RxPath| {
+            if let Some(q) = &rx.queue {
+                q.counters.dropped.add(1);
+            }
+        };
+        let n = match self.pending.take() {
+            Some(n) => n,
+            None => {
+                // Read only when the guest has posted buffers, so messages wait in the socket.
+                if !rx.has_buffers() {
+                    return Ok(Received::default());
+                }
+                let features = rx.queue.as_ref().map(|q| q.queue.config().features());
+                let max_frame =
+                    max_rx_frame(features.unwrap_or_default(), shared.mtu.load(Relaxed));
+                let socket = &self.socket;
+                let mut too_long = false;
+                let read = |mem: &GuestMemory, segs: &[Segment], tail: &mut [u8]| {
+                    let r = mem.readv_with_tail(socket.as_fd(), segs, tail)?;
+                    Ok(match r {
+                        Ok(n) if n > max_frame => {
+                            too_long = true;
+                            Err(io::ErrorKind::InvalidData.into())
+                        }
+                        r => r,
+                    })
+                };
+                match rx.receive_direct(shared, max_frame, &mut self.bounce, read)? {
+                    Direct::Delivered(n) => {
+                        return Ok(Received {
+                            frames: 1,
+                            bytes: n.saturating_sub(rx.hdr_len()) as u64,
+                            dropped: 0,
+                        })
+                    }
+                    // Counted by the rx path (filtered, or too long for the guest's buffers).
+                    Direct::Dropped => return Ok(dropped),
+                    Direct::Empty if too_long => {
+                        count_drop(rx);
+                        return Ok(dropped);
+                    }
+                    Direct::Empty => return Ok(Received::default()),
+                    Direct::NoRoom => {}
+                }
+                let Ok(n) = (&self.socket).read(&mut self.bounce) else {
+                    return Ok(Received::default());
+                };
+                if n > max_frame {
+                    count_drop(rx);
+                    return Ok(dropped);
+                }
+                if let Some(q) = &rx.queue {
+                    q.counters.rx_bounced.add(1);
+                }
+                n
+            }
+        };
+        Ok(match rx.deliver(shared, &mut self.bounce[..n])? {
+            Delivery::Delivered => Received {
+                frames: 1,
+                bytes: n.saturating_sub(rx.hdr_len()) as u64,
+                dropped: 0,
+            },
+            Delivery::Dropped => dropped,
+            Delivery::NoRoom => {
+                // Too few buffers for this frame: keep it until the guest posts more.
+                self.pending = Some(n);
+                rx.block();
+                Received::default()
+            }
+        })
+    }
+
+    fn writable(&self) -> bool {
+        virtnet_sys::writable_now(self.socket.as_raw_fd())
+    }
+
+    fn has_frames(&self) -> bool {
+        self.pending.is_some() || virtnet_sys::readable_now(self.socket.as_raw_fd())
+    }
+
+    fn holds_frame(&self) -> bool {
+        self.pending.is_some()
+    }
+
+    fn fd(&self) -> Option<RawFd> {
+        Some(self.socket.as_raw_fd())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use testkit::Pair;
+    use vnet::feature;
+    use vring::Features;
+
+    use super::*;
+    use crate::queue::QueueId;
+    use crate::testing::{post_rx, setup, shared, used};
+
+    fn port() -> (SocketPort, UnixDatagram) {
+        let (ours, peer) = UnixDatagram::pair().unwrap();
+        (SocketPort::new(ours).unwrap(), peer)
+    }
+
+    #[test]
+    fn an_unconnected_socket_is_refused() {
+        let e = SocketPort::new(UnixDatagram::unbound().unwrap()).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ENOTCONN), "{e}");
+    }
+
+    #[test]
+    fn a_device_takes_one_socket_per_pair() {
+        let (a, _b) = UnixDatagram::pair().unwrap();
+        let config = crate::BackendConfig {
+            pairs: 2,
+            io: crate::IoMode::Socket(crate::shared::HostSockets::new(vec![a])),
+            ..Default::default()
+        };
+        let e = crate::Device::new(config).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{e}");
+    }
+
+    #[test]
+    fn a_guest_frame_is_one_message_header_first_and_a_full_socket_pushes_back() {
+        let mut s = setup(QueueId::Tx(0), Features::VERSION_1);
+        let (mut port, peer) = port();
+        // A 12-byte header and a 1500-byte frame, in two buffers.
+        let frame: Vec<u8> = (0..1512u32).map(|i| i as u8).collect();
+        s.mem.write(Pair::buf(0, 0).addr, &frame[..12]).unwrap();
+        s.mem.write(Pair::buf(1, 0).addr, &frame[12..]).unwrap();
+        let mut rx = RxPath::default();
+        let sh = shared();
+        let mut sent = 0;
+        let busy = loop {
+            s.driver
+                .add(&[Pair::buf(0, 12), Pair::buf(1, 1500)], &[], 0)
+                .unwrap();
+            let c = s.runtime.queue.pop().unwrap().unwrap();
+            match port.send(s.runtime.queue.memory(), &c, &mut rx, &sh) {
+                Ok(Sent::Taken) => sent += 1,
+                other => break other,
+            }
+            s.runtime.queue.add_used(c.head(), 0).unwrap();
+            s.runtime.queue.flush();
+            used(&mut s.driver);
+            assert!(sent < 10_000, "the socket never filled");
+        };
+        assert_eq!(busy, Ok(Sent::Busy));
+        assert!(!port.writable());
+        let mut buf = vec![0u8; 4096];
+        for _ in 0..sent {
+            let n = peer.recv(&mut buf).unwrap();
+            assert_eq!(buf[..n], frame[..]);
+        }
+        assert!(port.writable());
+    }
+
+    #[test]
+    fn a_peer_message_lands_in_guest_rx_when_it_is_sent() {
+        let f = Features::VERSION_1.union(feature::MRG_RXBUF);
+        let mut s = setup(QueueId::Rx(0), f);
+        let (mut port, peer) = port();
+        post_rx(&mut s.driver, 4, 2048);
+        let mut rx = RxPath::with_queue(s.runtime);
+        let sh = shared();
+        assert!(!port.has_frames());
+        assert_eq!(port.receive(&mut rx, &sh, 64).unwrap(), Received::default());
+        let mut msg = vec![0u8; vnet::HDR_LEN];
+        msg.extend((0..64u8).map(|i| i ^ 0x5a));
+        peer.send(&msg).unwrap();
+        assert!(port.has_frames());
+        let got = port.receive(&mut rx, &sh, 64).unwrap();
+        assert_eq!((got.frames, got.bytes, got.dropped), (1, 64, 0));
+        rx.queue.as_mut().unwrap().queue.flush();
+        assert_eq!(used(&mut s.driver), [(0, msg.len() as u32)]);
+        let mut back = vec![0u8; msg.len()];
+        s.mem.read(Pair::buf(0, 0).addr, &mut back).unwrap();
+        assert_eq!(back[vnet::HDR_LEN..], msg[vnet::HDR_LEN..]);
+        // num_buffers, which the sender leaves to the device.
+        assert_eq!(u16::from_le_bytes([back[10], back[11]]), 1);
+        assert!(!port.has_frames());
+    }
+
+    #[test]
+    fn a_message_longer_than_the_largest_frame_is_dropped_and_counted() {
+        let f = Features::VERSION_1.union(feature::MRG_RXBUF);
+        let mut s = setup(QueueId::Rx(0), f);
+        let (mut port, peer) = port();
+        post_rx(&mut s.driver, 4, 2048);
+        let counters = s.runtime.counters.clone();
+        let mut rx = RxPath::with_queue(s.runtime);
+        let sh = shared();
+        // Longer than the MTU's frame (1530 bytes with its header), and than any frame.
+        peer.send(&[0u8; 3000]).unwrap();
+        peer.send(&vec![0u8; MAX_RX_FRAME + 100]).unwrap();
+        let mut small = vec![0u8; vnet::HDR_LEN];
+        small.extend([0xffu8; 60]);
+        peer.send(&small).unwrap();
+        for dropped in 1..=2 {
+            let got = port.receive(&mut rx, &sh, 64).unwrap();
+            assert_eq!((got.frames, got.dropped), (0, 1));
+            assert_eq!(counters.dropped.get(), dropped);
+        }
+        let got = port.receive(&mut rx, &sh, 64).unwrap();
+        assert_eq!(
+            (got.frames, got.bytes),
+            (1, 60),
+            "the next message is whole"
+        );
+        rx.queue.as_mut().unwrap().queue.flush();
+        assert_eq!(used(&mut s.driver), [(0, small.len() as u32)]);
+    }
+}

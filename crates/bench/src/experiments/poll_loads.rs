@@ -1,0 +1,692 @@
+//! Experiment 7, busy polling across loads: the backend's busy polling off, fixed at 10, 50 or
+//! 100 us, or auto, under five loads, to see where each setting pays and what it costs, and
+//! whether auto keeps the gains of the best fixed timeout without the costs:
+//!
+//! - idle: our driver connected (its rx buffers posted), no traffic: the device's CPU;
+//! - rr: request-response through echo io (`gen rr`, 64 B, one in flight, the driver sleeping
+//!   on interrupts), as experiment 3: transactions/s, p50, p99;
+//! - stream: `gen txonly`, 1500 B, into null io, the driver sleeping on interrupts: Gbit/s;
+//! - contended: two backends whose workers are pinned to one CPU, two rr loads at once, as
+//!   experiment 3b: aggregate transactions/s;
+//! - bursty: rr in bursts, [`ON_OFF`] (2 ms of round trips, 8 ms of silence, `gen --on-off
+//!   2:8`): transactions/s, p99.
+//!
+//! Device CPU, for every load: the CPU time of the threads that live through the run but the
+//! measuring one, which are the device's (its workers, its vhost-user and control threads, the
+//! peer-fd watchdog), read from /proc/self/task/*/schedstat to the nanosecond. The driver's
+//! threads have exited by then and their time with them: this is experiment 3's "process CPU
+//! minus the driver's threads", without its 10 ms clock ticks and the bench's own time. Per
+//! frame, it is divided by the frames the device moved (tx and rx).
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use virtnet_backend::{BackendConfig, BusyPoll, IoMode};
+use virtnet_driver::gen::{GenReport, Mode, OnOff};
+use virtnet_driver::{DriverConfig, NetDriver};
+
+use super::common::{gen_config, run_gen, spread, LocalBackend};
+use super::{Experiment, Options, Outcome, Progress};
+use crate::summary::Summary;
+use crate::table::Table;
+use crate::BenchError;
+
+pub const EXPERIMENT: Experiment = Experiment {
+    id: 7,
+    name: "poll-loads",
+    summary: "busy polling off, fixed 10/50/100 us and auto across loads: idle, rr, stream, contended, bursty",
+    run,
+};
+
+pub const SETTINGS: [BusyPoll; 5] = [
+    BusyPoll::Off,
+    BusyPoll::Fixed(10),
+    BusyPoll::Fixed(50),
+    BusyPoll::Fixed(100),
+    BusyPoll::Auto,
+];
+
+/// The bursty load's schedule.
+pub const ON_OFF: OnOff = OnOff {
+    on: Duration::from_millis(2),
+    off: Duration::from_millis(8),
+};
+/// Stream frames, in bytes.
+pub const STREAM_FRAME: usize = 1500;
+/// The CPU the contended load's two workers share.
+pub const CONTENDED_CPU: usize = 0;
+
+/// A kind of traffic.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Load {
+    Idle,
+    Rr,
+    Stream,
+    Contended,
+    Bursty,
+}
+
+pub const LOADS: [Load; 5] = [
+    Load::Idle,
+    Load::Rr,
+    Load::Stream,
+    Load::Contended,
+    Load::Bursty,
+];
+
+impl Load {
+    /// The figure the load is judged by, and whether more of it is better.
+    pub fn main_figure(self) -> (&'static str, bool) {
+        match self {
+            Load::Idle => ("device_cpu_pct", false),
+            Load::Rr | Load::Bursty => ("transactions_per_s", true),
+            Load::Stream => ("gbps", true),
+            Load::Contended => ("aggregate_transactions_per_s", true),
+        }
+    }
+
+    fn label(self) -> &'static str {
+        match self {
+            Load::Idle => "idle (device CPU %)",
+            Load::Rr => "rr (transactions/s)",
+            Load::Stream => "stream (Gbit/s)",
+            Load::Contended => "contended (aggregate transactions/s)",
+            Load::Bursty => "bursty 2/8 ms (transactions/s)",
+        }
+    }
+
+    fn precision(self) -> usize {
+        match self {
+            Load::Idle => 3,
+            Load::Stream => 2,
+            _ => 0,
+        }
+    }
+
+    /// Whether the load has round trips to time.
+    fn has_latency(self) -> bool {
+        matches!(self, Load::Rr | Load::Bursty)
+    }
+}
+
+/// One run of one load at one setting.
+#[derive(Debug, Default, Serialize)]
+pub struct Run {
+    /// The load's main figure ([`Load::main_figure`]).
+    pub main: f64,
+    /// Seconds of traffic (the generator's run; idle: the time measured).
+    pub secs: f64,
+    /// rr loads: answers received, requests that had none within the generator's loss
+    /// timeout, and the answers' latency percentiles.
+    pub transactions: u64,
+    pub lost: u64,
+    pub p50_us: f64,
+    pub p99_us: f64,
+    pub tx_gbps: f64,
+    /// Device CPU over the run (connection and drain included), in seconds and in percent of
+    /// one CPU over the same wall time.
+    pub device_cpu_s: f64,
+    pub device_cpu_pct: f64,
+    /// Frames the device moved (tx and rx), and its CPU per frame; none when it moved none.
+    pub device_frames: u64,
+    pub device_cpu_us_per_frame: Option<f64>,
+    /// The device's busy polls (both queues, every backend of the load).
+    pub busy_poll_entries: u64,
+    pub busy_poll_hits: u64,
+    pub busy_poll_timeouts: u64,
+    /// Auto: idle turns slept through without polling, times polling stopped for
+    /// contention, and the tx queue's last budget (us).
+    pub busy_poll_skipped: u64,
+    pub busy_poll_contended: u64,
+    pub auto_budget_us: u32,
+}
+
+#[derive(Debug, Serialize)]
+pub struct SettingResult {
+    #[serde(rename = "busy_poll_us")]
+    pub busy_poll: BusyPoll,
+    pub main: Summary,
+    pub device_cpu_pct: Summary,
+    pub device_cpu_us_per_frame: Option<Summary>,
+    pub p50_us: Option<Summary>,
+    pub p99_us: Option<Summary>,
+    pub runs: Vec<Run>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct LoadResult {
+    pub load: Load,
+    /// What `main` is in this load's runs, and whether more is better (idle: device CPU,
+    /// less is better).
+    pub main_figure: &'static str,
+    pub higher_is_better: bool,
+    pub settings: Vec<SettingResult>,
+    /// The fixed timeout with the best main figure (medians), and auto's main figure divided
+    /// by that one's and by off's (none when that is 0). Above 1 is better for a figure where
+    /// more is better, worse for idle's CPU.
+    #[serde(rename = "best_fixed_us")]
+    pub best_fixed: BusyPoll,
+    pub auto_over_best_fixed: Option<f64>,
+    pub auto_over_off: Option<f64>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Results {
+    pub secs_per_run: f64,
+    pub repeats: u32,
+    /// Drivers on CPU 0, workers on CPU 1 (idle, rr, stream, bursty).
+    pub pinned: bool,
+    pub contended_cpu: usize,
+    pub on_off: OnOff,
+    pub loads: Vec<LoadResult>,
+}
+
+/// CPU time of each live thread of the process, by thread id, in nanoseconds.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+struct ThreadTimes(HashMap<u64, u64>);
+
+impl ThreadTimes {
+    /// Every thread but the calling one, whose time goes on reading the others' (and on
+    /// starting and joining the run's threads).
+    fn now() -> ThreadTimes {
+        let me = std::fs::read_link("/proc/thread-self")
+            .ok()
+            .and_then(|p| p.file_name()?.to_str()?.parse::<u64>().ok());
+        let mut times = HashMap::new();
+        if let Ok(tasks) = std::fs::read_dir("/proc/self/task") {
+            for t in tasks.flatten() {
+                let tid = t.file_name().to_str().and_then(|s| s.parse().ok());
+                if tid == me {
+                    continue;
+                }
+                if let (Some(tid), Some(ns)) = (tid, thread_cpu_ns(&t.path())) {
+                    times.insert(tid, ns);
+                }
+            }
+        }
+        ThreadTimes(times)
+    }
+
+    /// Seconds of CPU that the threads alive now used since `earlier`; all of its time for a
+    /// thread born since. A thread that has ended since counts for nothing.
+    fn since(&self, earlier: &ThreadTimes) -> f64 {
+        let ns: u64 = self
+            .0
+            .iter()
+            .map(|(tid, &ns)| ns.saturating_sub(earlier.0.get(tid).copied().unwrap_or(0)))
+            .sum();
+        ns as f64 / 1e9
+    }
+}
+
+/// One thread's CPU time from its /proc directory: schedstat's time on a CPU, or without
+/// schedstats, stat's user and system clock ticks (of 10 ms).
+fn thread_cpu_ns(dir: &Path) -> Option<u64> {
+    let sched = std::fs::read_to_string(dir.join("schedstat")).ok();
+    if let Some(ns) = sched.and_then(|s| s.split_whitespace().next()?.parse().ok()) {
+        return Some(ns);
+    }
+    let stat = std::fs::read_to_string(dir.join("stat")).ok()?;
+    let f: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok());
+    Some((ticks(11)? + ticks(12)?) * 10_000_000)
+}
+
+/// The fixed timeout with the best of `main` (medians by setting), and auto's over it and
+/// over off's; none for a ratio whose divisor is 0 or missing.
+fn compare(
+    main: &[(BusyPoll, f64)],
+    higher_is_better: bool,
+) -> (BusyPoll, Option<f64>, Option<f64>) {
+    let of = |b: BusyPoll| main.iter().find(|(s, _)| *s == b).map(|&(_, m)| m);
+    let better = |a: f64, b: f64| if higher_is_better { a > b } else { a < b };
+    let best = main
+        .iter()
+        .filter(|(s, _)| matches!(s, BusyPoll::Fixed(_)))
+        .fold(None, |best: Option<(BusyPoll, f64)>, &(s, m)| match best {
+            Some((_, bm)) if !better(m, bm) => best,
+            _ => Some((s, m)),
+        });
+    let ratio = |d: Option<f64>| match (of(BusyPoll::Auto), d) {
+        (Some(a), Some(d)) if d != 0.0 => Some(a / d),
+        _ => None,
+    };
+    let (best_fixed, best_main) = best.map_or((BusyPoll::Off, None), |(s, m)| (s, Some(m)));
+    (best_fixed, ratio(best_main), ratio(of(BusyPoll::Off)))
+}
+
+fn backend(
+    io: IoMode,
+    busy_poll: BusyPoll,
+    worker_cpu: Option<usize>,
+) -> Result<LocalBackend, BenchError> {
+    LocalBackend::start(
+        "pollloads",
+        BackendConfig {
+            io,
+            busy_poll,
+            worker_cpu,
+            ..Default::default()
+        },
+    )
+}
+
+/// Runs `cfg`'s generator, its threads on CPU 0 when `pinned` (they inherit the mask of the
+/// thread that starts them).
+fn gen_pinned(cfg: virtnet_driver::gen::GenConfig, pinned: bool) -> Result<GenReport, BenchError> {
+    std::thread::spawn(move || {
+        if pinned {
+            virtnet_sys::pin_thread(0).map_err(BenchError::io("pin the driver to CPU 0"))?;
+        }
+        run_gen(cfg)
+    })
+    .join()
+    .map_err(|_| BenchError::PeerFailed)?
+}
+
+/// Where a run's measurement starts: the threads' CPU times and the device counters.
+struct Start {
+    times: ThreadTimes,
+    counts: Counts,
+    at: Instant,
+}
+
+impl Start {
+    fn now(backends: &[LocalBackend]) -> Start {
+        Start {
+            times: ThreadTimes::now(),
+            counts: Counts::of(backends),
+            at: Instant::now(),
+        }
+    }
+}
+
+/// The device counters a run reports, summed over the queues of its backends.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Counts {
+    frames: u64,
+    entries: u64,
+    hits: u64,
+    timeouts: u64,
+    skipped: u64,
+    contended: u64,
+}
+
+impl Counts {
+    fn of(backends: &[LocalBackend]) -> Counts {
+        let both = |f: fn(&virtnet_backend::metrics::CountersSnapshot) -> u64| -> u64 {
+            backends
+                .iter()
+                .map(|b| b.counter("tx", f) + b.counter("rx", f))
+                .sum()
+        };
+        Counts {
+            frames: both(|c| c.packets),
+            entries: both(|c| c.busy_poll_entries),
+            hits: both(|c| c.busy_poll_hits),
+            timeouts: both(|c| c.busy_poll_timeouts),
+            skipped: both(|c| c.busy_poll_skipped),
+            contended: both(|c| c.busy_poll_contended),
+        }
+    }
+}
+
+/// The device side of a run, once it is over: its CPU and counters since `start`.
+fn device(run: &mut Run, backends: &[LocalBackend], start: &Start) {
+    let wall = start.at.elapsed();
+    run.device_cpu_s = ThreadTimes::now().since(&start.times);
+    run.device_cpu_pct = run.device_cpu_s / wall.as_secs_f64().max(1e-9) * 100.0;
+    let (now, before) = (Counts::of(backends), start.counts);
+    run.device_frames = now.frames - before.frames;
+    run.device_cpu_us_per_frame =
+        (run.device_frames > 0).then(|| run.device_cpu_s * 1e6 / run.device_frames as f64);
+    run.busy_poll_entries = now.entries - before.entries;
+    run.busy_poll_hits = now.hits - before.hits;
+    run.busy_poll_timeouts = now.timeouts - before.timeouts;
+    run.busy_poll_skipped = now.skipped - before.skipped;
+    run.busy_poll_contended = now.contended - before.contended;
+    run.auto_budget_us = backends
+        .first()
+        .and_then(|b| b.device.reports().into_iter().find(|q| q.kind == "tx"))
+        .map_or(0, |q| q.busy_poll_us);
+}
+
+/// What an rr generator report says of its transactions.
+fn rr_figures(run: &mut Run, r: &GenReport) {
+    run.secs = r.elapsed_s;
+    run.transactions = r.per_pair.iter().map(|p| p.round_trips).sum();
+    run.lost = r.per_pair.iter().map(|p| p.lost).sum();
+    let lat = r.latency.unwrap_or_default();
+    run.p50_us = lat.p50_us;
+    run.p99_us = lat.p99_us;
+    run.main = run.transactions as f64 / r.elapsed_s.max(1e-9);
+}
+
+fn idle(busy_poll: BusyPoll, secs: f64, pinned: bool) -> Result<Run, BenchError> {
+    let b = backend(IoMode::Echo, busy_poll, pinned.then_some(1))?;
+    let config = DriverConfig {
+        connect_wait: Duration::from_secs(5),
+        ..Default::default()
+    };
+    let driver = NetDriver::connect(&b.socket, &config).map_err(|e| BenchError::Engine {
+        engine: "virtnet driver",
+        reason: e.to_string(),
+    })?;
+    // The connection's own work (the worker starting the queues, its turn on the posted
+    // buffers and the poll after it) is not idling: let it finish first.
+    std::thread::sleep(Duration::from_millis(20));
+    let backends = std::slice::from_ref(&b);
+    let start = Start::now(backends);
+    std::thread::sleep(Duration::from_secs_f64(secs));
+    let mut run = Run {
+        secs: start.at.elapsed().as_secs_f64(),
+        ..Run::default()
+    };
+    device(&mut run, backends, &start);
+    run.main = run.device_cpu_pct;
+    drop(driver);
+    Ok(run)
+}
+
+fn rr(
+    busy_poll: BusyPoll,
+    secs: f64,
+    pinned: bool,
+    on_off: Option<OnOff>,
+) -> Result<Run, BenchError> {
+    let b = backend(IoMode::Echo, busy_poll, pinned.then_some(1))?;
+    let mut cfg = gen_config(&b.socket, Mode::Rr, secs);
+    cfg.on_off = on_off;
+    let backends = std::slice::from_ref(&b);
+    let start = Start::now(backends);
+    let r = gen_pinned(cfg, pinned)?;
+    let mut run = Run::default();
+    rr_figures(&mut run, &r);
+    device(&mut run, backends, &start);
+    Ok(run)
+}
+
+fn stream(busy_poll: BusyPoll, secs: f64, pinned: bool) -> Result<Run, BenchError> {
+    let null = IoMode::Null { size: STREAM_FRAME };
+    let b = backend(null, busy_poll, pinned.then_some(1))?;
+    let mut cfg = gen_config(&b.socket, Mode::TxOnly, secs);
+    cfg.size = STREAM_FRAME;
+    let backends = std::slice::from_ref(&b);
+    let start = Start::now(backends);
+    let r = gen_pinned(cfg, pinned)?;
+    let mut run = Run {
+        secs: r.elapsed_s,
+        tx_gbps: r.summary.tx_gbps,
+        main: r.summary.tx_gbps,
+        ..Run::default()
+    };
+    device(&mut run, backends, &start);
+    Ok(run)
+}
+
+fn contended(busy_poll: BusyPoll, secs: f64) -> Result<Run, BenchError> {
+    let b = [
+        backend(IoMode::Echo, busy_poll, Some(CONTENDED_CPU))?,
+        backend(IoMode::Echo, busy_poll, Some(CONTENDED_CPU))?,
+    ];
+    let start = Start::now(&b);
+    let loads: Vec<_> = b
+        .iter()
+        .map(|b| {
+            let cfg = gen_config(&b.socket, Mode::Rr, secs);
+            std::thread::spawn(move || run_gen(cfg))
+        })
+        .collect();
+    let mut run = Run::default();
+    for l in loads {
+        let r = l.join().map_err(|_| BenchError::PeerFailed)??;
+        let mut one = Run::default();
+        rr_figures(&mut one, &r);
+        run.main += one.main;
+        run.transactions += one.transactions;
+        run.lost += one.lost;
+        run.secs = run.secs.max(one.secs);
+    }
+    device(&mut run, &b, &start);
+    Ok(run)
+}
+
+fn one(load: Load, busy_poll: BusyPoll, secs: f64, pinned: bool) -> Result<Run, BenchError> {
+    match load {
+        Load::Idle => idle(busy_poll, secs, pinned),
+        Load::Rr => rr(busy_poll, secs, pinned, None),
+        Load::Stream => stream(busy_poll, secs, pinned),
+        Load::Contended => contended(busy_poll, secs),
+        Load::Bursty => rr(busy_poll, secs, pinned, Some(ON_OFF)),
+    }
+}
+
+fn summary(v: impl Iterator<Item = f64>) -> Summary {
+    Summary::of(&v.collect::<Vec<_>>()).expect("runs")
+}
+
+fn setting_result(load: Load, busy_poll: BusyPoll, runs: Vec<Run>) -> SettingResult {
+    let per_frame: Vec<f64> = runs
+        .iter()
+        .filter_map(|r| r.device_cpu_us_per_frame)
+        .collect();
+    let latency = |f: fn(&Run) -> f64| load.has_latency().then(|| summary(runs.iter().map(f)));
+    SettingResult {
+        busy_poll,
+        main: summary(runs.iter().map(|r| r.main)),
+        device_cpu_pct: summary(runs.iter().map(|r| r.device_cpu_pct)),
+        device_cpu_us_per_frame: Summary::of(&per_frame),
+        p50_us: latency(|r| r.p50_us),
+        p99_us: latency(|r| r.p99_us),
+        runs,
+    }
+}
+
+pub fn measure(o: &Options, progress: Progress<'_>) -> Result<Results, BenchError> {
+    let (secs, repeats) = if o.quick { (0.15, 1) } else { (2.0, 3) };
+    let repeats = o.repeats.unwrap_or(repeats).max(1);
+    let pinned = std::thread::available_parallelism().map_or(1, |n| n.get()) >= 2;
+    let mut runs: Vec<Vec<Vec<Run>>> = LOADS
+        .iter()
+        .map(|_| SETTINGS.iter().map(|_| Vec::new()).collect())
+        .collect();
+    for rep in 1..=repeats {
+        for (l, &load) in LOADS.iter().enumerate() {
+            for (s, &b) in SETTINGS.iter().enumerate() {
+                progress(&format!("[{rep}/{repeats}] {:?}, busy poll {b}", load));
+                runs[l][s].push(one(load, b, secs, pinned)?);
+                // Let the previous backend's threads go before the next run's clock starts.
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+    let loads = LOADS
+        .iter()
+        .zip(runs)
+        .map(|(&load, runs)| {
+            let settings: Vec<SettingResult> = SETTINGS
+                .iter()
+                .zip(runs)
+                .map(|(&b, runs)| setting_result(load, b, runs))
+                .collect();
+            let (main_figure, higher_is_better) = load.main_figure();
+            let medians: Vec<(BusyPoll, f64)> = settings
+                .iter()
+                .map(|s| (s.busy_poll, s.main.median))
+                .collect();
+            let (best_fixed, auto_over_best_fixed, auto_over_off) =
+                compare(&medians, higher_is_better);
+            LoadResult {
+                load,
+                main_figure,
+                higher_is_better,
+                settings,
+                best_fixed,
+                auto_over_best_fixed,
+                auto_over_off,
+            }
+        })
+        .collect();
+    Ok(Results {
+        secs_per_run: secs,
+        repeats,
+        pinned,
+        contended_cpu: CONTENDED_CPU,
+        on_off: ON_OFF,
+        loads,
+    })
+}
+
+fn ratio(r: Option<f64>) -> String {
+    r.map_or("-".into(), |r| format!("{r:.2}"))
+}
+
+pub fn tables(r: &Results) -> Vec<Table> {
+    let mut header = vec!["load (main figure)".to_string()];
+    header.extend(SETTINGS.iter().map(|b| match b {
+        BusyPoll::Fixed(us) => format!("{us} us"),
+        b => b.to_string(),
+    }));
+    header.extend(["best fixed", "auto/best fixed", "auto/off"].map(String::from));
+    let header: Vec<&str> = header.iter().map(String::as_str).collect();
+    let mut t = Table::new(
+        "7. Busy polling across loads: each load's main figure (median) by setting",
+        &header,
+    );
+    for l in &r.loads {
+        let mut row = vec![l.load.label().to_string()];
+        row.extend(
+            l.settings
+                .iter()
+                .map(|s| format!("{:.*}", l.load.precision(), s.main.median)),
+        );
+        row.push(format!("{} us", l.best_fixed));
+        row.push(ratio(l.auto_over_best_fixed));
+        row.push(ratio(l.auto_over_off));
+        t.row(row);
+    }
+    t.note(format!(
+        "{} of {:.2} s per cell. Ratios are of the main figure: above 1 is better, except for \
+         idle's device CPU, where it is worse.",
+        spread(r.repeats),
+        r.secs_per_run
+    ));
+    t.note(if r.pinned {
+        format!(
+            "driver threads on CPU 0, backend worker on CPU 1; contended: both workers on CPU {}, \
+             the drivers not pinned.",
+            r.contended_cpu
+        )
+    } else {
+        "NOT pinned (fewer than 2 CPUs).".into()
+    });
+    let mut d = Table::new(
+        "7. Busy polling across loads, every cell",
+        &[
+            "load",
+            "busy poll us",
+            "main figure",
+            "p50 us",
+            "p99 us",
+            "device CPU %",
+            "device CPU us/frame",
+            "poll hits/entries",
+            "auto skipped/contended",
+        ],
+    );
+    for l in &r.loads {
+        for s in &l.settings {
+            let total = |f: fn(&Run) -> u64| s.runs.iter().map(f).sum::<u64>();
+            let opt = |v: &Option<Summary>, prec| v.map_or("-".into(), |v| v.display(prec));
+            d.row(vec![
+                format!("{:?}", l.load).to_lowercase(),
+                s.busy_poll.to_string(),
+                s.main.display(l.load.precision()),
+                opt(&s.p50_us, 1),
+                opt(&s.p99_us, 1),
+                s.device_cpu_pct.display(2),
+                opt(&s.device_cpu_us_per_frame, 2),
+                format!(
+                    "{}/{}",
+                    total(|r| r.busy_poll_hits),
+                    total(|r| r.busy_poll_entries)
+                ),
+                match s.busy_poll {
+                    BusyPoll::Auto => format!(
+                        "{}/{}",
+                        total(|r| r.busy_poll_skipped),
+                        total(|r| r.busy_poll_contended)
+                    ),
+                    _ => "-".into(),
+                },
+            ]);
+        }
+    }
+    d.note(
+        "device CPU: the threads living through the run (the device's), from schedstat, over the \
+         run's wall time (connection and drain included); per frame: over the frames it moved, tx \
+         and rx. Poll counts are summed over the runs.",
+    );
+    d.note(format!(
+        "bursty: rr for {} ms, then nothing for {} ms, over and over; its rate counts the silences.",
+        r.on_off.on.as_millis(),
+        r.on_off.off.as_millis()
+    ));
+    vec![t, d]
+}
+
+fn run(o: &Options, progress: Progress<'_>) -> Result<Outcome, BenchError> {
+    let r = measure(o, progress)?;
+    Outcome::new(tables(&r), &r)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn best_fixed_and_auto_ratios_follow_the_figure_direction() {
+        let m = [
+            (BusyPoll::Off, 100.0),
+            (BusyPoll::Fixed(10), 120.0),
+            (BusyPoll::Fixed(50), 150.0),
+            (BusyPoll::Fixed(100), 140.0),
+            (BusyPoll::Auto, 135.0),
+        ];
+        let (best, vs_best, vs_off) = compare(&m, true);
+        assert_eq!(best, BusyPoll::Fixed(50));
+        assert_eq!((vs_best, vs_off), (Some(0.9), Some(1.35)));
+        // Less is better (idle CPU): the lowest fixed one; nothing to divide by 0.
+        let idle = [
+            (BusyPoll::Off, 0.0),
+            (BusyPoll::Fixed(10), 0.5),
+            (BusyPoll::Fixed(50), 0.25),
+            (BusyPoll::Fixed(100), 1.0),
+            (BusyPoll::Auto, 0.5),
+        ];
+        let (best, vs_best, vs_off) = compare(&idle, false);
+        assert_eq!(best, BusyPoll::Fixed(50));
+        assert_eq!((vs_best, vs_off), (Some(2.0), None));
+    }
+
+    #[test]
+    fn thread_times_count_the_living_threads_since_the_first_look() {
+        let times = |v: &[(u64, u64)]| ThreadTimes(v.iter().copied().collect());
+        let before = times(&[(1, 1_000), (2, 5_000), (3, 9_000)]);
+        // 1 ran 2 us more, 2 ended, 4 was born and ran 3 us.
+        let after = times(&[(1, 3_000), (3, 9_000), (4, 3_000)]);
+        assert!((after.since(&before) - 5e-6).abs() < 1e-12);
+        // The other threads are found, the calling one is not.
+        let other = std::thread::spawn(|| std::thread::sleep(Duration::from_millis(200)));
+        std::thread::sleep(Duration::from_millis(20));
+        let now = ThreadTimes::now();
+        assert!(!now.0.is_empty());
+        let me = std::fs::read_link("/proc/thread-self").unwrap();
+        let me: u64 = me.file_name().unwrap().to_str().unwrap().parse().unwrap();
+        assert!(!now.0.contains_key(&me));
+        other.join().unwrap();
+    }
+}
