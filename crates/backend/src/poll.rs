@@ -5,14 +5,15 @@
 //! The rule, with its reasons in docs/ARCHITECTURE.md ("Adaptive busy polling"):
 //! - **Idle gaps.** Each time a turn finds nothing to do, the worker is idle until the turn
 //!   that next moves a frame: that gap is measured whether the worker polled it away or slept
-//!   through it, so the policy sees what a poll of any length would have caught, even while it
-//!   does not poll. It keeps the last [`WINDOW`] gaps.
-//! - **Budget.** For a poll budget `B`, `h(B)` is the share of those gaps of at most `B`. A
-//!   hit saves what sleeping costs ([`HIT_SAVES_US`]); a miss wastes `B`. The budget is the
-//!   candidate with the best `h(B) * HIT_SAVES_US - (1 - h(B)) * B`, the candidates being each
-//!   gap with a margin (1.5 times, plus [`MIN_POLL_US`]) up to [`MAX_POLL_US`]; when no
-//!   candidate gains, it does not poll. So it polls about as long as a hit usually takes,
-//!   and not at all when hits are rare (an idle or trickling queue).
+//!   through it, so the policy sees what a longer poll would have caught, even while it does
+//!   not poll.
+//! - **Budget**, grown and shrunk as KVM's halt polling does (`halt_poll_ns`): a gap the poll
+//!   caught changes nothing; a gap that outlasted the poll but ended within [`MAX_POLL_US`]
+//!   (a near miss: a longer poll would have caught it) doubles the budget, from at least
+//!   [`START_POLL_US`], up to [`MAX_POLL_US`]; a gap longer than that (nothing a poll could
+//!   catch) halves it, and below [`START_POLL_US`] it stops polling. So it polls about as
+//!   long as a hit usually takes, stops when hits are rare (an idle or trickling queue), and
+//!   starts again at the first near miss.
 //! - **Contention.** Every [`CHECK_EVERY`] while the pair is active, it looks at the time its
 //!   thread waited runnable since the last look (`run_delay` of
 //!   /proc/thread-self/schedstat). Waits that add up to over 1/[`RUN_DELAY_SHARE`] of the
@@ -126,19 +127,10 @@ impl<'de> Deserialize<'de> for BusyPoll {
     }
 }
 
-/// Idle gaps remembered.
-pub const WINDOW: usize = 32;
-/// The budget is recomputed after this many new gaps.
-const RECOMPUTE_EVERY: u32 = 8;
-/// The longest poll auto makes, in microseconds.
+/// The longest poll auto makes, in microseconds: gaps longer than this shrink the budget.
 pub const MAX_POLL_US: u32 = 200;
-/// The shortest poll worth making, and the margin added to each candidate, in microseconds.
-pub const MIN_POLL_US: u32 = 2;
-/// What a hit saves, in microseconds: the driver's kick (a VM exit for a guest) and our
-/// sleep and wake-up. Experiment 3 measures it as the time per request-response transaction
-/// that polling removes: 6 us on one 2-vCPU Xeon, 80 us on another (Emerald Rapids, where
-/// wake-ups cost more); 50 values a hit near the costly end, which is where polling matters.
-pub const HIT_SAVES_US: u32 = 50;
+/// The budget a near miss starts polling with, in microseconds; halved below it, it is 0.
+pub const START_POLL_US: u32 = 10;
 /// How often, at most, the scheduling of the worker's thread is looked at.
 pub const CHECK_EVERY: Duration = Duration::from_millis(10);
 /// Contended when the thread waited runnable for more than 1/this of an interval, ...
@@ -164,10 +156,6 @@ pub enum Check {
 /// scheduling samples, with the time they were taken.
 #[derive(Clone, Debug)]
 pub struct AutoPoll {
-    gaps: [u32; WINDOW],
-    len: usize,
-    next: usize,
-    fresh: u32,
     /// From the gaps alone.
     budget_us: u32,
     /// No polling before this (contention); `backoff` is zero when there is none.
@@ -181,10 +169,6 @@ pub struct AutoPoll {
 impl AutoPoll {
     pub fn new(now: Instant) -> AutoPoll {
         AutoPoll {
-            gaps: [0; WINDOW],
-            len: 0,
-            next: 0,
-            fresh: 0,
             // Until there are gaps to go by: poll, as a fixed timeout would.
             budget_us: 50,
             until: now,
@@ -207,16 +191,23 @@ impl AutoPoll {
         !self.backoff.is_zero() && now < self.until
     }
 
-    /// One idle gap: from a turn that found nothing to the next turn that moved a frame.
-    pub fn record_gap(&mut self, gap: Duration) {
-        self.gaps[self.next] = gap.as_micros().min(u32::MAX as u128) as u32;
-        self.next = (self.next + 1) % WINDOW;
-        self.len = (self.len + 1).min(WINDOW);
-        self.fresh += 1;
-        if self.fresh >= RECOMPUTE_EVERY {
-            self.fresh = 0;
-            self.budget_us = best_budget(&self.gaps[..self.len]);
+    /// One idle gap: from a turn that found nothing to the next turn that moved a frame,
+    /// the poll before it having lasted up to [`AutoPoll::budget`] at `now`.
+    pub fn record_gap(&mut self, gap: Duration, now: Instant) {
+        if self.contended(now) {
+            return; // Not polling for another reason: the gap says nothing of the budget.
         }
+        let us = gap.as_micros().min(u32::MAX as u128) as u32;
+        let b = self.budget_us;
+        self.budget_us = if us <= b {
+            b
+        } else if us <= MAX_POLL_US {
+            (b * 2).clamp(START_POLL_US, MAX_POLL_US)
+        } else if b / 2 < START_POLL_US {
+            0
+        } else {
+            b / 2
+        };
     }
 
     /// How a poll ended. Any poll counts: the contention checks after a back-off need one
@@ -263,30 +254,6 @@ impl AutoPoll {
     }
 }
 
-/// The budget that gains most over `gaps` (microseconds), or 0 when none gains.
-fn best_budget(gaps: &[u32]) -> u32 {
-    let mut sorted = [0u32; WINDOW];
-    let sorted = &mut sorted[..gaps.len()];
-    sorted.copy_from_slice(gaps);
-    sorted.sort_unstable();
-    let n = sorted.len() as i64;
-    let (mut best, mut best_value) = (0u32, 0i64);
-    for &g in sorted.iter() {
-        let b = g.saturating_add(g / 2).saturating_add(MIN_POLL_US);
-        if b > MAX_POLL_US {
-            break;
-        }
-        let hits = sorted.partition_point(|&x| x <= b) as i64;
-        // In units of 1/n microseconds: hits * saved - misses * budget.
-        let value = hits * HIT_SAVES_US as i64 - (n - hits) * b as i64;
-        // On a tie, the longer budget: the same hits, with more margin.
-        if value >= best_value && value > 0 {
-            (best, best_value) = (b, value);
-        }
-    }
-    best
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -295,8 +262,8 @@ mod tests {
         Duration::from_micros(n)
     }
 
-    fn feed(p: &mut AutoPoll, gaps: impl IntoIterator<Item = u64>) {
-        gaps.into_iter().for_each(|g| p.record_gap(us(g)));
+    fn feed(p: &mut AutoPoll, now: Instant, gaps: impl IntoIterator<Item = u64>) {
+        gaps.into_iter().for_each(|g| p.record_gap(us(g), now));
     }
 
     #[test]
@@ -320,60 +287,74 @@ mod tests {
     }
 
     #[test]
-    fn short_gaps_set_a_budget_about_as_long_as_a_hit_takes() {
+    fn near_misses_grow_the_budget_to_what_a_hit_takes_and_hits_keep_it() {
         let t = Instant::now();
         let mut p = AutoPoll::new(t);
-        // Request-response: the next request comes 3 to 8 us after each answer.
-        feed(&mut p, (0..WINDOW as u64).map(|i| 3 + i % 6));
-        let b = p.budget(t);
-        assert!((8..=16).contains(&b), "budget {b} us for gaps of 3..8 us");
+        // Request-response: the next request comes 60 to 70 us after each answer.
+        feed(&mut p, t, [65, 70, 60, 70]);
+        assert_eq!(
+            p.budget(t),
+            100,
+            "50 doubled once: every gap caught after that"
+        );
+        feed(&mut p, t, (0..100).map(|i| 60 + i % 11));
+        assert_eq!(p.budget(t), 100, "hits change nothing");
+        // Gaps of 150 us: doubled up to the cap, where they hit.
+        feed(&mut p, t, [150; 4]);
+        assert_eq!(p.budget(t), MAX_POLL_US);
     }
 
     #[test]
-    fn it_grows_with_the_gaps_and_stops_when_hits_are_rare() {
+    fn long_gaps_halve_it_down_to_no_polling_and_a_near_miss_restarts_it() {
         let t = Instant::now();
         let mut p = AutoPoll::new(t);
-        feed(&mut p, [5; WINDOW]);
-        let short = p.budget(t);
-        feed(&mut p, [60; WINDOW]);
-        let long = p.budget(t);
-        assert!(long > short && long <= MAX_POLL_US, "{short} -> {long}");
         // A trickle: a frame every millisecond, out of any poll's reach.
-        feed(&mut p, [1000; WINDOW]);
-        assert_eq!(p.budget(t), 0, "polls that never hit");
-        // Idle periods far apart (a quiet queue woken now and then) never pay either.
-        feed(&mut p, [200_000; WINDOW]);
+        feed(&mut p, t, [1000]);
+        assert_eq!(p.budget(t), 25);
+        feed(&mut p, t, [1000]);
+        assert_eq!(p.budget(t), 12);
+        feed(&mut p, t, [1000]);
+        assert_eq!(p.budget(t), 0, "below the start: no polling");
+        // Idle periods far apart (a quiet queue woken now and then) keep it off.
+        feed(&mut p, t, [200_000; 10]);
         assert_eq!(p.budget(t), 0);
+        // Gaps are measured while sleeping too: one that a poll would have caught restarts
+        // polling, and the next near misses grow it.
+        feed(&mut p, t, [30]);
+        assert_eq!(p.budget(t), START_POLL_US);
+        feed(&mut p, t, [30, 30]);
+        assert_eq!(p.budget(t), 40);
     }
 
     #[test]
-    fn it_restarts_when_hits_come_back() {
+    fn bursts_with_pauses_between_keep_a_budget_for_the_bursts() {
         let t = Instant::now();
         let mut p = AutoPoll::new(t);
-        feed(&mut p, [5000; WINDOW]);
-        assert_eq!(p.budget(t), 0);
-        // Gaps are measured while sleeping too: short ones bring polling back.
-        feed(&mut p, [4; WINDOW / 2]);
-        assert!(p.budget(t) > 0, "half the gaps would hit");
+        // Bursts of 50 round trips 20 us apart, a 10 ms pause after each.
+        let mut polled = 0;
+        for _ in 0..20 {
+            for g in std::iter::repeat_n(20, 50).chain([10_000]) {
+                polled += (p.budget(t) >= 20) as u32;
+                p.record_gap(us(g), t);
+            }
+        }
+        assert!(polled >= 20 * 48, "{polled} of {} gaps caught", 20 * 51);
+        assert!(p.budget(t) >= START_POLL_US, "still polling after a pause");
     }
 
     #[test]
-    fn a_few_long_gaps_among_short_ones_keep_the_short_budget() {
-        let t = Instant::now();
-        let mut p = AutoPoll::new(t);
-        // Bursty: 28 gaps of 10 us within a burst, 4 pauses between bursts.
-        feed(
-            &mut p,
-            (0..WINDOW).map(|i| if i % 8 == 0 { 50_000 } else { 10 }),
+    fn gaps_while_contention_keeps_it_from_polling_do_not_move_the_budget() {
+        let t0 = Instant::now();
+        let mut p = AutoPoll::new(t0);
+        let mut sched = (0, 0);
+        waited(&mut p, t0, &mut sched, 0);
+        assert_eq!(
+            waited(&mut p, t0 + CHECK_EVERY, &mut sched, 5),
+            Check::Contended
         );
-        let b = p.budget(t);
-        assert!((10..=30).contains(&b), "budget {b}");
-        // Half hits at 40 us: a 62 us poll wasted on every other gap saves less than it wastes.
-        feed(
-            &mut p,
-            (0..WINDOW).map(|i| if i % 2 == 0 { 40 } else { 50_000 }),
-        );
-        assert_eq!(p.budget(t), 0);
+        let t = t0 + CHECK_EVERY;
+        feed(&mut p, t, [100_000; 10]);
+        assert_eq!(p.budget(t + BACKOFF_MIN), 50, "as before the back-off");
     }
 
     /// Sched samples over one interval each: `wait_ms` of run delay in one slice.
@@ -387,7 +368,7 @@ mod tests {
     fn contention_stops_polling_with_a_growing_back_off_then_polling_resumes() {
         let t0 = Instant::now();
         let mut p = AutoPoll::new(t0);
-        feed(&mut p, [5; WINDOW]);
+
         let mut sched = (0, 0);
         assert_eq!(waited(&mut p, t0, &mut sched, 0), Check::Same);
         // Polls the scheduler cut short are no contention by themselves: the other task got
@@ -418,7 +399,7 @@ mod tests {
     fn long_waits_for_the_cpu_are_contention_and_many_short_wake_ups_are_not() {
         let t0 = Instant::now();
         let mut p = AutoPoll::new(t0);
-        feed(&mut p, [5; WINDOW]);
+
         p.check(t0, Some((1_000_000, 100)));
         let wall = CHECK_EVERY.as_nanos() as u64;
         // 4% of the interval spent runnable, in 2 ms waits: not contended.
