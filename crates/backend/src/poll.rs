@@ -13,7 +13,8 @@
 //!   [`START_POLL_US`], up to [`MAX_POLL_US`]; a gap longer than that (nothing a poll could
 //!   catch) halves it, and below [`START_POLL_US`] it stops polling. So it polls about as
 //!   long as a hit usually takes, stops when hits are rare (an idle or trickling queue), and
-//!   starts again at the first near miss.
+//!   starts again at the first near miss. A gap after a poll the scheduler cut short moves
+//!   nothing: another task ran in it, and it would only grow polls on a shared CPU.
 //! - **Contention.** Every [`CHECK_EVERY`] while the pair is active, it looks at the time its
 //!   thread waited runnable since the last look (`run_delay` of
 //!   /proc/thread-self/schedstat). Waits that add up to over 1/[`RUN_DELAY_SHARE`] of the
@@ -161,8 +162,10 @@ pub struct AutoPoll {
     /// No polling before this (contention); `backoff` is zero when there is none.
     until: Instant,
     backoff: Duration,
-    /// Whether any poll was made since the last check.
+    /// Whether any poll was made since the last check, and whether the last one was cut
+    /// short by the scheduler.
     polled: bool,
+    preempted: bool,
     last_check: Option<(Instant, u64, u64)>,
 }
 
@@ -174,6 +177,7 @@ impl AutoPoll {
             until: now,
             backoff: Duration::ZERO,
             polled: false,
+            preempted: false,
             last_check: None,
         }
     }
@@ -194,8 +198,10 @@ impl AutoPoll {
     /// One idle gap: from a turn that found nothing to the next turn that moved a frame,
     /// the poll before it having lasted up to [`AutoPoll::budget`] at `now`.
     pub fn record_gap(&mut self, gap: Duration, now: Instant) {
-        if self.contended(now) {
-            return; // Not polling for another reason: the gap says nothing of the budget.
+        // Not polling for another reason (contention), or a poll the scheduler cut short
+        // (another task ran in the gap): the gap says nothing of the budget.
+        if self.contended(now) || std::mem::take(&mut self.preempted) {
+            return;
         }
         let us = gap.as_micros().min(u32::MAX as u128) as u32;
         let b = self.budget_us;
@@ -213,8 +219,9 @@ impl AutoPoll {
     /// How a poll ended. Any poll counts: the contention checks after a back-off need one
     /// to end it. A poll the scheduler cut short (`Yield`) is no contention by itself: the
     /// other task got the CPU at once.
-    pub fn record_exit(&mut self, _exit: PollExit) {
+    pub fn record_exit(&mut self, exit: PollExit) {
         self.polled = true;
+        self.preempted = exit == PollExit::Yield;
     }
 
     /// Whether a scheduling check is due.
@@ -340,6 +347,18 @@ mod tests {
         }
         assert!(polled >= 20 * 48, "{polled} of {} gaps caught", 20 * 51);
         assert!(p.budget(t) >= START_POLL_US, "still polling after a pause");
+    }
+
+    #[test]
+    fn a_gap_after_a_preempted_poll_does_not_grow_the_budget() {
+        let t = Instant::now();
+        let mut p = AutoPoll::new(t);
+        p.record_exit(PollExit::Yield);
+        feed(&mut p, t, [150]);
+        assert_eq!(p.budget(t), 50, "another task ran in that gap");
+        p.record_exit(PollExit::Timeout);
+        feed(&mut p, t, [150]);
+        assert_eq!(p.budget(t), 100);
     }
 
     #[test]
