@@ -12,7 +12,8 @@
 //! - [`ctrlq`]: the control virtqueue (spec 5.1.6.5) on its own thread;
 //! - [`worker`]: the data path of one queue pair (turns, busy polling, sleeping); [`poll`]:
 //!   the busy-poll setting and the auto policy;
-//! - [`rx`]: guest receive into posted buffers; [`host`]: the host ports (tap, null, echo);
+//! - [`rx`]: guest receive into posted buffers; [`host`]: the host ports (tap, null, echo,
+//!   socket);
 //! - [`shared`]: the device's configuration and the state its parts share;
 //! - [`thread`]: a worker's thread and command channel; [`queue`]: a running queue, its
 //!   notifications and coalescing; [`hold`]: holding calls while the driver is busy;

@@ -151,6 +151,14 @@ fn busy_poll(r: &Value) {
     assert!(all > 0, "no transaction at any timeout");
     // With busy polling on, the worker finds some work while polling; with it off, never.
     assert_eq!(sum(&sweep[0]["runs"], &["busy_poll_hits"]), 0);
+    // The auto row says so, and reports what it chose: a budget no longer than auto's cap,
+    // and its skips and stops counted (present, whatever they are on this machine).
+    let auto = &sweep[5];
+    assert_eq!(auto["busy_poll_us"], "auto");
+    for run in auto["runs"].as_array().expect("runs") {
+        assert!(u(run, &["auto_budget_us"]) <= 200, "{run}");
+        assert!(run.get("busy_poll_skipped").is_some() && run.get("busy_poll_contended").is_some());
+    }
     assert_eq!(
         r["contended"].as_array().expect("contended").len(),
         4,

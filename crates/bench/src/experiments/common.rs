@@ -68,6 +68,9 @@ impl LocalBackend {
 impl Drop for LocalBackend {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
+        // The accept loop checks the flag after each accept: a connection wakes it, and the
+        // device and its workers go with it instead of living on, asleep, until the exit.
+        let _ = std::os::unix::net::UnixStream::connect(&self.socket);
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
