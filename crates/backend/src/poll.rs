@@ -15,6 +15,10 @@
 //!   long as a hit usually takes, stops when hits are rare (an idle or trickling queue), and
 //!   starts again at the first near miss. A gap after a poll the scheduler cut short moves
 //!   nothing: another task ran in it, and it would only grow polls on a shared CPU.
+//! - **Rare hits.** When fewer than [`RARE_HITS`] of the last [`OUTCOMES`] polls hit, gaps
+//!   are landing between the budget and the cap, and growing and halving would go on polling
+//!   in vain (seen with a Linux guest under TCG: 1 hit in 50 polls): auto stops polling for
+//!   [`QUIET`], then starts again at the next near miss.
 //! - **Contention.** Every [`CHECK_EVERY`] while the pair is active, it looks at the time its
 //!   thread waited runnable since the last look (`run_delay` of
 //!   /proc/thread-self/schedstat). Waits that add up to over 1/[`RUN_DELAY_SHARE`] of the
@@ -132,6 +136,11 @@ impl<'de> Deserialize<'de> for BusyPoll {
 pub const MAX_POLL_US: u32 = 200;
 /// The budget a near miss starts polling with, in microseconds; halved below it, it is 0.
 pub const START_POLL_US: u32 = 10;
+/// Polls looked back on, and the fewest hits among them that keep polling worth it: below
+/// that, auto stops polling for [`QUIET`].
+pub const OUTCOMES: u32 = 16;
+pub const RARE_HITS: u32 = 2;
+pub const QUIET: Duration = Duration::from_millis(100);
 /// How often, at most, the scheduling of the worker's thread is looked at.
 pub const CHECK_EVERY: Duration = Duration::from_millis(10);
 /// Contended when the thread waited runnable for more than 1/this of an interval, ...
@@ -166,6 +175,11 @@ pub struct AutoPoll {
     /// short by the scheduler.
     polled: bool,
     preempted: bool,
+    /// The last [`OUTCOMES`] polls that ended in a hit or a timeout, newest lowest (1 a hit),
+    /// how many of them there are, and no polling before `quiet_until` once hits were rare.
+    outcomes: u16,
+    outcomes_len: u32,
+    quiet_until: Option<Instant>,
     last_check: Option<(Instant, u64, u64)>,
 }
 
@@ -178,6 +192,9 @@ impl AutoPoll {
             backoff: Duration::ZERO,
             polled: false,
             preempted: false,
+            outcomes: 0,
+            outcomes_len: 0,
+            quiet_until: None,
             last_check: None,
         }
     }
@@ -203,6 +220,18 @@ impl AutoPoll {
         if self.contended(now) || std::mem::take(&mut self.preempted) {
             return;
         }
+        if self.quiet_until.is_some_and(|t| now < t) {
+            return;
+        }
+        self.quiet_until = None;
+        if self.outcomes_len >= OUTCOMES && self.outcomes.count_ones() < RARE_HITS {
+            // Polls that almost never hit: gaps keep landing between the budget and the cap,
+            // and growing and halving would go on polling in vain. Stop for a while.
+            self.budget_us = 0;
+            self.quiet_until = Some(now + QUIET);
+            (self.outcomes, self.outcomes_len) = (0, 0);
+            return;
+        }
         let us = gap.as_micros().min(u32::MAX as u128) as u32;
         let b = self.budget_us;
         self.budget_us = if us <= b {
@@ -222,6 +251,10 @@ impl AutoPoll {
     pub fn record_exit(&mut self, exit: PollExit) {
         self.polled = true;
         self.preempted = exit == PollExit::Yield;
+        if matches!(exit, PollExit::Hit | PollExit::Timeout) {
+            self.outcomes = (self.outcomes << 1) | (exit == PollExit::Hit) as u16;
+            self.outcomes_len = (self.outcomes_len + 1).min(OUTCOMES);
+        }
     }
 
     /// Whether a scheduling check is due.
@@ -347,6 +380,41 @@ mod tests {
         }
         assert!(polled >= 20 * 48, "{polled} of {} gaps caught", 20 * 51);
         assert!(p.budget(t) >= START_POLL_US, "still polling after a pause");
+    }
+
+    #[test]
+    fn polls_that_almost_never_hit_stop_for_a_while_then_start_again() {
+        let t = Instant::now();
+        let mut p = AutoPoll::new(t);
+        // Gaps of 150 and 400 us in turn (a slow guest): each 150 doubles, each 400 halves,
+        // and the polls time out.
+        let mut polls = 0;
+        for g in [150, 400].into_iter().cycle().take(64) {
+            if p.budget(t) == 0 {
+                break;
+            }
+            polls += 1;
+            p.record_exit(if g <= p.budget(t) as u64 {
+                PollExit::Hit
+            } else {
+                PollExit::Timeout
+            });
+            p.record_gap(us(g), t);
+        }
+        assert_eq!(p.budget(t), 0, "still polling after {polls} polls");
+        assert!(polls <= OUTCOMES + 2, "{polls} polls");
+        // Quiet: near misses do not restart it yet.
+        feed(&mut p, t + QUIET / 2, [50; 4]);
+        assert_eq!(p.budget(t + QUIET / 2), 0);
+        // After the quiet time the next near miss does.
+        feed(&mut p, t + QUIET, [50]);
+        assert_eq!(p.budget(t + QUIET), START_POLL_US);
+        // And polls that hit keep it going.
+        for _ in 0..40 {
+            p.record_exit(PollExit::Hit);
+            p.record_gap(us(5), t + QUIET);
+        }
+        assert_eq!(p.budget(t + QUIET), START_POLL_US);
     }
 
     #[test]
