@@ -639,7 +639,7 @@ mod tests {
     fn a_poll_ends_when_the_worker_is_shut_down_and_says_so() {
         // A poll the scheduler preempts ends there (the worker then sleeps): on a busy
         // machine, try again.
-        for _ in 0..5 {
+        for _ in 0..50 {
             let (took, c) = shut_down_mid_poll();
             if c.busy_poll_exit_yield > 0 {
                 continue;
