@@ -20,7 +20,7 @@ use std::os::fd::RawFd;
 use vring::{Chain, Error as RingError, GuestMemory};
 
 use super::queue::QueueRuntime;
-use super::rx::RxPath;
+use super::rx::{Delivery, RxPath};
 use super::shared::Shared;
 
 /// What became of one guest tx frame.
@@ -50,6 +50,55 @@ pub struct Received {
     /// Host frames consumed but not delivered (filtered, or too large for every buffer the
     /// guest could post): counted by the rx path, and against the turn's weight.
     pub dropped: usize,
+}
+
+impl Received {
+    /// One frame of `len` bytes, `hdr_len` of them the virtio-net header, put into guest rx.
+    pub fn one(len: usize, hdr_len: usize) -> Received {
+        Received {
+            frames: 1,
+            bytes: len.saturating_sub(hdr_len) as u64,
+            dropped: 0,
+        }
+    }
+
+    /// One host frame consumed and not delivered.
+    pub const DROPPED: Received = Received {
+        frames: 0,
+        bytes: 0,
+        dropped: 1,
+    };
+}
+
+/// Delivers the `n`-byte frame in `bounce` (read by a port whose rx went through its own
+/// buffer); one that does not fit the posted buffers stays there, in `pending`, until the
+/// guest posts more.
+pub(crate) fn deliver_bounced(
+    rx: &mut RxPath,
+    shared: &Shared,
+    bounce: &mut [u8],
+    n: usize,
+    pending: &mut Option<usize>,
+) -> Result<Received, RingError> {
+    Ok(match rx.deliver(shared, &mut bounce[..n])? {
+        Delivery::Delivered => Received::one(n, rx.hdr_len()),
+        Delivery::Dropped => Received::DROPPED,
+        Delivery::NoRoom => {
+            // Too few buffers for this frame: keep it until the guest posts more.
+            *pending = Some(n);
+            rx.block();
+            Received::default()
+        }
+    })
+}
+
+/// A write error that means "not now" rather than "not this frame" (vhost_net's `handle_tx`
+/// treats the same three so): the frame stays on the tx ring.
+pub(crate) fn is_pushback(e: &std::io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EAGAIN | libc::ENOMEM | libc::ENOBUFS)
+    )
 }
 
 /// A pair's host side, as its worker drives it. Ring errors returned break the queue the

@@ -29,13 +29,10 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use vring::{Chain, Error as RingError, GuestMemory, Segment};
 
-use super::tap::max_rx_frame;
-use super::{Host, Received, Sent};
-use crate::rx::{Delivery, Direct, RxPath};
+use super::tap::{max_rx_frame, MAX_RX_FRAME};
+use super::{deliver_bounced, is_pushback, Host, Received, Sent};
+use crate::rx::{Direct, RxPath};
 use crate::shared::Shared;
-
-/// The largest frame delivered: a 64 KiB GSO frame and its header, as from a TAP.
-const MAX_RX_FRAME: usize = 65536 + vnet::HDR_LEN + 14 + 4;
 
 #[derive(Debug)]
 pub struct SocketPort {
@@ -60,14 +57,6 @@ impl SocketPort {
             bounce: vec![0u8; MAX_RX_FRAME + 1],
         })
     }
-}
-
-/// A write error that means "not now" rather than "not this frame" (the TAP port's three).
-fn is_pushback(e: &io::Error) -> bool {
-    matches!(
-        e.raw_os_error(),
-        Some(libc::EAGAIN | libc::ENOMEM | libc::ENOBUFS)
-    )
 }
 
 impl Host for SocketPort {
@@ -102,10 +91,6 @@ impl Host for SocketPort {
         shared: &Shared,
         _room: usize,
     ) -> Result<Received, RingError> {
-        let dropped = Received {
-            dropped: 1,
-            ..Received::default()
-        };
         let count_drop = |rx: &RxPath| {
             if let Some(q) = &rx.queue {
                 q.counters.dropped.add(1);
@@ -134,18 +119,12 @@ impl Host for SocketPort {
                     })
                 };
                 match rx.receive_direct(shared, max_frame, &mut self.bounce, read)? {
-                    Direct::Delivered(n) => {
-                        return Ok(Received {
-                            frames: 1,
-                            bytes: n.saturating_sub(rx.hdr_len()) as u64,
-                            dropped: 0,
-                        })
-                    }
+                    Direct::Delivered(n) => return Ok(Received::one(n, rx.hdr_len())),
                     // Counted by the rx path (filtered, or too long for the guest's buffers).
-                    Direct::Dropped => return Ok(dropped),
+                    Direct::Dropped => return Ok(Received::DROPPED),
                     Direct::Empty if too_long => {
                         count_drop(rx);
-                        return Ok(dropped);
+                        return Ok(Received::DROPPED);
                     }
                     Direct::Empty => return Ok(Received::default()),
                     Direct::NoRoom => {}
@@ -155,7 +134,7 @@ impl Host for SocketPort {
                 };
                 if n > max_frame {
                     count_drop(rx);
-                    return Ok(dropped);
+                    return Ok(Received::DROPPED);
                 }
                 if let Some(q) = &rx.queue {
                     q.counters.rx_bounced.add(1);
@@ -163,20 +142,7 @@ impl Host for SocketPort {
                 n
             }
         };
-        Ok(match rx.deliver(shared, &mut self.bounce[..n])? {
-            Delivery::Delivered => Received {
-                frames: 1,
-                bytes: n.saturating_sub(rx.hdr_len()) as u64,
-                dropped: 0,
-            },
-            Delivery::Dropped => dropped,
-            Delivery::NoRoom => {
-                // Too few buffers for this frame: keep it until the guest posts more.
-                self.pending = Some(n);
-                rx.block();
-                Received::default()
-            }
-        })
+        deliver_bounced(rx, shared, &mut self.bounce, n, &mut self.pending)
     }
 
     fn writable(&self) -> bool {

@@ -19,13 +19,13 @@ use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use vnet::{feature, NetHdr, TxHdrError};
 use vring::{Chain, Error as RingError, Features, GuestMemory};
 
-use super::{Host, Received, Sent};
-use crate::rx::{Delivery, Direct, RxPath};
+use super::{deliver_bounced, is_pushback, Host, Received, Sent};
+use crate::rx::{Direct, RxPath};
 use crate::shared::Shared;
 use virtnet_sys::tap::TapQueue;
 
 /// The largest frame the rx path reads: a 64 KiB GSO frame and its header.
-const MAX_RX_FRAME: usize = 65536 + vnet::HDR_LEN + 14 + 4;
+pub(crate) const MAX_RX_FRAME: usize = 65536 + vnet::HDR_LEN + 14 + 4;
 
 #[derive(Debug)]
 pub struct TapPort {
@@ -88,15 +88,6 @@ fn check_header(
         at += n;
     }
     Ok(NetHdr::from_bytes(&bytes).check_tx(features, total - hdr_len))
-}
-
-/// A TAP write error that means "not now" rather than "not this frame" (vhost_net's
-/// `handle_tx` treats the same three so).
-fn is_pushback(e: &std::io::Error) -> bool {
-    matches!(
-        e.raw_os_error(),
-        Some(libc::EAGAIN | libc::ENOMEM | libc::ENOBUFS)
-    )
 }
 
 impl Host for TapPort {
@@ -165,19 +156,8 @@ impl Host for TapPort {
                     tap.read_frame(mem, segs, tail)
                 };
                 match rx.receive_direct(shared, max_frame, &mut self.bounce, read)? {
-                    Direct::Delivered(n) => {
-                        return Ok(Received {
-                            frames: 1,
-                            bytes: n.saturating_sub(rx.hdr_len()) as u64,
-                            dropped: 0,
-                        })
-                    }
-                    Direct::Dropped => {
-                        return Ok(Received {
-                            dropped: 1,
-                            ..Received::default()
-                        })
-                    }
+                    Direct::Delivered(n) => return Ok(Received::one(n, rx.hdr_len())),
+                    Direct::Dropped => return Ok(Received::DROPPED),
                     Direct::Empty => return Ok(Received::default()),
                     Direct::NoRoom => {}
                 }
@@ -190,23 +170,7 @@ impl Host for TapPort {
                 n
             }
         };
-        Ok(match rx.deliver(shared, &mut self.bounce[..n])? {
-            Delivery::Delivered => Received {
-                frames: 1,
-                bytes: n.saturating_sub(rx.hdr_len()) as u64,
-                dropped: 0,
-            },
-            Delivery::Dropped => Received {
-                dropped: 1,
-                ..Received::default()
-            },
-            Delivery::NoRoom => {
-                // Too few buffers for this frame: keep it until the guest posts more.
-                self.pending = Some(n);
-                rx.block();
-                Received::default()
-            }
-        })
+        deliver_bounced(rx, shared, &mut self.bounce, n, &mut self.pending)
     }
 
     fn writable(&self) -> bool {
