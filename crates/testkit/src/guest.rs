@@ -463,6 +463,31 @@ impl Monitor {
             }
         }
     }
+
+    /// On a migration's destination: polls `info status` until the guest is no longer in
+    /// "inmigrate", that is until this QEMU has loaded all the source sent, up to `limit`; the
+    /// last status. The source reports "completed" once it has sent the last pages, which the
+    /// destination may still be reading.
+    pub fn wait_incoming(&mut self, limit: Duration) -> Result<String, String> {
+        let deadline = Instant::now() + limit;
+        loop {
+            let out = self.command("info status")?;
+            let status = out
+                .lines()
+                .find_map(|l| l.trim().strip_prefix("VM status:"))
+                .map(str::trim)
+                .unwrap_or("");
+            if !status.is_empty() && !status.contains("inmigrate") {
+                return Ok(status.to_string());
+            }
+            if Instant::now() >= deadline {
+                return Err(format!(
+                    "incoming migration not loaded in {limit:?}:\n{out}"
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
 }
 
 /// Splits `...@@VN:KIND payload@@...` into (KIND, payload).
