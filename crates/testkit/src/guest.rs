@@ -445,22 +445,14 @@ impl Monitor {
     /// Polls `info migrate` until the migration's status is "completed", up to `limit`; the
     /// last output. A failed or cancelled migration is an error at once.
     pub fn wait_migrated(&mut self, limit: Duration) -> Result<String, String> {
-        let deadline = Instant::now() + limit;
-        loop {
-            let out = self.command("info migrate")?;
-            let status = out
-                .lines()
-                .find_map(|l| l.trim().strip_prefix("Migration status:"))
-                .map(str::trim)
-                .unwrap_or("");
-            match status {
-                "completed" => return Ok(out),
-                "failed" | "cancelled" => return Err(format!("migration {status}:\n{out}")),
-                _ if Instant::now() >= deadline => {
-                    return Err(format!("migration not done in {limit:?}:\n{out}"))
-                }
-                _ => std::thread::sleep(Duration::from_millis(200)),
-            }
+        let done = |s: &str| matches!(s, "completed" | "failed" | "cancelled");
+        let every = Duration::from_millis(200);
+        let (status, out) = self
+            .poll_until("info migrate", "Migration status:", done, every, limit)
+            .map_err(|out| format!("migration not done in {limit:?}:\n{out}"))?;
+        match status.as_str() {
+            "completed" => Ok(out),
+            _ => Err(format!("migration {status}:\n{out}")),
         }
     }
 
@@ -469,23 +461,39 @@ impl Monitor {
     /// last status. The source reports "completed" once it has sent the last pages, which the
     /// destination may still be reading.
     pub fn wait_incoming(&mut self, limit: Duration) -> Result<String, String> {
+        let loaded = |s: &str| !s.is_empty() && !s.contains("inmigrate");
+        let every = Duration::from_millis(50);
+        self.poll_until("info status", "VM status:", loaded, every, limit)
+            .map(|(status, _)| status)
+            .map_err(|out| format!("incoming migration not loaded in {limit:?}:\n{out}"))
+    }
+
+    /// Runs `command` every `every` until `done` accepts the value of its `label` line, up to
+    /// `limit`: (that value, the output). Past `limit`, the last output is the error; a monitor
+    /// that fails is one too.
+    fn poll_until(
+        &mut self,
+        command: &str,
+        label: &str,
+        done: impl Fn(&str) -> bool,
+        every: Duration,
+        limit: Duration,
+    ) -> Result<(String, String), String> {
         let deadline = Instant::now() + limit;
         loop {
-            let out = self.command("info status")?;
+            let out = self.command(command)?;
             let status = out
                 .lines()
-                .find_map(|l| l.trim().strip_prefix("VM status:"))
+                .find_map(|l| l.trim().strip_prefix(label))
                 .map(str::trim)
                 .unwrap_or("");
-            if !status.is_empty() && !status.contains("inmigrate") {
-                return Ok(status.to_string());
+            if done(status) {
+                return Ok((status.to_string(), out));
             }
             if Instant::now() >= deadline {
-                return Err(format!(
-                    "incoming migration not loaded in {limit:?}:\n{out}"
-                ));
+                return Err(out);
             }
-            std::thread::sleep(Duration::from_millis(50));
+            std::thread::sleep(every);
         }
     }
 }
