@@ -43,6 +43,7 @@ pub mod rarp;
 pub mod rx;
 pub mod session;
 pub mod shared;
+pub mod siblings;
 pub mod status;
 #[cfg(test)]
 mod testing;

@@ -25,17 +25,24 @@
 //!   interval and average over [`SLICE_WAIT`] each time the thread got the CPU mean another
 //!   task wants this CPU and gets it in slices: polling stops for a back-off,
 //!   10 ms doubling to 1 s while contention lasts, and resumes once a check that follows some
-//!   polling finds none. (The average keeps out the wake-ups of a thread that sleeps often:
-//!   in a VM each costs tens of microseconds of run delay, a halted vCPU being woken, with no
-//!   other task involved.) A poll the scheduler cuts short ends at once (`PollExit::Yield`)
-//!   but is no reason to stop polling: the other task got the CPU when it wanted it, as
-//!   when two workers share a CPU, where polling still pays (experiment 3b).
+//!   polling finds none; contention back within [`BACKOFF_MEMORY`] of that resumes the
+//!   back-off where it was, doubled (a worker that slept through its back-off may run ahead
+//!   of a spinning thread for a while, so one clean check does not show the CPU free). (The
+//!   average keeps out the wake-ups of a thread that sleeps often: in a VM each costs tens
+//!   of microseconds of run delay, a halted vCPU being woken, with no other task involved.)
+//!   Waits that the worker's siblings account for (the other workers of this process pinned
+//!   to its CPU, `crate::siblings`: the time they ran is taken off the waits) are no
+//!   contention: between workers polling pays (experiment 3b). A poll the scheduler cuts
+//!   short ends at once (`PollExit::Yield`) but is no reason to stop polling either: the
+//!   other task got the CPU when it wanted it.
 
 use std::fmt;
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
+
+use virtnet_sys::Sched;
 
 use super::metrics::PollExit;
 
@@ -150,6 +157,9 @@ pub const RUN_DELAY_SHARE: u64 = 20;
 pub const SLICE_WAIT: Duration = Duration::from_micros(200);
 const BACKOFF_MIN: Duration = Duration::from_millis(10);
 const BACKOFF_MAX: Duration = Duration::from_secs(1);
+/// Contention found again within this time after it cleared resumes the back-off where it
+/// was (doubled), rather than from [`BACKOFF_MIN`].
+pub const BACKOFF_MEMORY: Duration = Duration::from_millis(250);
 
 /// What the policy concluded from one scheduling check.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -180,7 +190,9 @@ pub struct AutoPoll {
     outcomes: u16,
     outcomes_len: u32,
     quiet_until: Option<Instant>,
-    last_check: Option<(Instant, u64, u64)>,
+    last_check: Option<LastCheck>,
+    /// When contention last cleared, and the back-off it had reached.
+    cleared: Option<(Instant, Duration)>,
 }
 
 impl AutoPoll {
@@ -196,6 +208,7 @@ impl AutoPoll {
             outcomes_len: 0,
             quiet_until: None,
             last_check: None,
+            cleared: None,
         }
     }
 
@@ -260,38 +273,69 @@ impl AutoPoll {
     /// Whether a scheduling check is due.
     pub fn check_due(&self, now: Instant) -> bool {
         self.last_check
-            .is_none_or(|(t, _, _)| now.saturating_duration_since(t) >= CHECK_EVERY)
+            .is_none_or(|c| now.saturating_duration_since(c.at) >= CHECK_EVERY)
     }
 
-    /// A scheduling check: `sched` is the thread's total time spent waiting runnable, in
-    /// nanoseconds, and the times it got a CPU (None when the kernel does not say).
-    pub fn check(&mut self, now: Instant, sched: Option<(u64, u64)>) -> Check {
-        let (delay, slices) = sched.unwrap_or((0, 0));
+    /// A scheduling check: `sched` is the worker thread's schedstat and the time its
+    /// siblings on its CPU have run ([`crate::siblings::Sibling::sample`]), None when the
+    /// kernel does not say.
+    pub fn check(&mut self, now: Instant, sched: Option<(Sched, u64)>) -> Check {
+        let (own, siblings) = sched.unwrap_or_default();
         let waited_too_long = match self.last_check {
-            Some((t, d, n)) => {
-                let wall = now.saturating_duration_since(t).as_nanos() as u64;
-                let waited = delay.saturating_sub(d);
-                let per_slice = waited / slices.saturating_sub(n).max(1);
-                waited * RUN_DELAY_SHARE > wall && per_slice > SLICE_WAIT.as_nanos() as u64
+            Some(last) => {
+                let wall = now.saturating_duration_since(last.at).as_nanos() as u64;
+                // Waits the siblings' runs account for are no contention (see siblings.rs).
+                let waited = own.waited_ns.saturating_sub(last.waited_ns);
+                let foreign = waited.saturating_sub(siblings.saturating_sub(last.siblings_ns));
+                let per_slice = foreign / own.slices.saturating_sub(last.slices).max(1);
+                foreign * RUN_DELAY_SHARE > wall && per_slice > SLICE_WAIT.as_nanos() as u64
             }
             None => false,
         };
         let contended = waited_too_long;
         let polled = std::mem::take(&mut self.polled);
-        self.last_check = Some((now, delay, slices));
+        self.last_check = Some(LastCheck {
+            at: now,
+            waited_ns: own.waited_ns,
+            slices: own.slices,
+            siblings_ns: siblings,
+        });
         let was = !self.backoff.is_zero();
         if contended {
-            self.backoff = (self.backoff * 2).clamp(BACKOFF_MIN, BACKOFF_MAX);
+            self.backoff = if was {
+                self.backoff * 2
+            } else if self
+                .cleared
+                .is_some_and(|(t, _)| now.saturating_duration_since(t) < BACKOFF_MEMORY)
+            {
+                // Back soon after it cleared: the contention never went, the scheduler only
+                // let the worker run for a while (on AMD EPYC family 26 under Linux 6.18 a
+                // worker that slept through its back-off runs ahead of a spinning thread).
+                self.cleared.map_or(BACKOFF_MIN, |(_, b)| b * 2)
+            } else {
+                BACKOFF_MIN
+            }
+            .clamp(BACKOFF_MIN, BACKOFF_MAX);
             self.until = now + self.backoff;
             return if was { Check::Same } else { Check::Contended };
         }
         // Contention is over once polling was allowed again and caused none.
         if was && now >= self.until && polled {
+            self.cleared = Some((now, self.backoff));
             self.backoff = Duration::ZERO;
             return Check::Clear;
         }
         Check::Same
     }
+}
+
+/// What a scheduling check read, for the next one.
+#[derive(Clone, Copy, Debug)]
+struct LastCheck {
+    at: Instant,
+    waited_ns: u64,
+    slices: u64,
+    siblings_ns: u64,
 }
 
 #[cfg(test)]
@@ -448,7 +492,17 @@ mod tests {
     fn waited(p: &mut AutoPoll, t: Instant, total: &mut (u64, u64), wait_ms: u64) -> Check {
         total.0 += wait_ms * 1_000_000;
         total.1 += 1;
-        p.check(t, Some(*total))
+        p.check(t, at(total.0, total.1))
+    }
+
+    /// A sched sample of `waited_ns` in `slices`, no sibling.
+    fn at(waited_ns: u64, slices: u64) -> Option<(Sched, u64)> {
+        let own = Sched {
+            ran_ns: 0,
+            waited_ns,
+            slices,
+        };
+        Some((own, 0))
     }
 
     #[test]
@@ -487,26 +541,26 @@ mod tests {
         let t0 = Instant::now();
         let mut p = AutoPoll::new(t0);
 
-        p.check(t0, Some((1_000_000, 100)));
+        p.check(t0, at(1_000_000, 100));
         let wall = CHECK_EVERY.as_nanos() as u64;
         // 4% of the interval spent runnable, in 2 ms waits: not contended.
         let t1 = t0 + CHECK_EVERY;
         let (d1, n1) = (1_000_000 + wall / 25, 100 + 1);
-        assert_eq!(p.check(t1, Some((d1, n1))), Check::Same);
+        assert_eq!(p.check(t1, at(d1, n1)), Check::Same);
         // 30%, over 1000 wake-ups of 30 us each (a VM's halted vCPU woken): not contended.
         let t2 = t1 + CHECK_EVERY;
         let (d2, n2) = (d1 + 3 * wall / 10, n1 + 100);
-        assert_eq!(p.check(t2, Some((d2, n2))), Check::Same);
+        assert_eq!(p.check(t2, at(d2, n2)), Check::Same);
         // 10%, in 1 ms waits (another task's slices): contended, polls never preempted.
         let t3 = t2 + CHECK_EVERY;
         let (d3, n3) = (d2 + wall / 10, n2 + 1);
-        assert_eq!(p.check(t3, Some((d3, n3))), Check::Contended);
+        assert_eq!(p.check(t3, at(d3, n3)), Check::Contended);
         // While it does not poll, a clean check does not end it: only a probe that polled.
         let t4 = t3 + BACKOFF_MIN;
-        assert_eq!(p.check(t4, Some((d3, n3))), Check::Same);
+        assert_eq!(p.check(t4, at(d3, n3)), Check::Same);
         assert!(p.budget(t4) > 0, "the probe may poll");
         p.record_exit(PollExit::Timeout);
-        assert_eq!(p.check(t4 + CHECK_EVERY, Some((d3, n3))), Check::Clear);
+        assert_eq!(p.check(t4 + CHECK_EVERY, at(d3, n3)), Check::Clear);
     }
 
     #[test]
@@ -519,5 +573,61 @@ mod tests {
             t += CHECK_EVERY;
         }
         assert_eq!(p.backoff, BACKOFF_MAX);
+    }
+
+    #[test]
+    fn waits_the_siblings_on_its_cpu_account_for_are_not_contention() {
+        let t0 = Instant::now();
+        let mut p = AutoPoll::new(t0);
+        let sample = |waited_ms: u64, slices: u64, siblings_ms: u64| {
+            let own = Sched {
+                ran_ns: 0,
+                waited_ns: waited_ms * 1_000_000,
+                slices,
+            };
+            Some((own, siblings_ms * 1_000_000))
+        };
+        p.check(t0, sample(0, 0, 0));
+        // 5 ms waited in 10, in one slice, while a sibling ran 5 ms: it polled in the wait.
+        let t1 = t0 + CHECK_EVERY;
+        assert_eq!(p.check(t1, sample(5, 1, 5)), Check::Same);
+        // 5 ms waited while the sibling ran 1 ms: 4 ms went to something else.
+        let t2 = t1 + CHECK_EVERY;
+        assert_eq!(p.check(t2, sample(10, 2, 6)), Check::Contended);
+    }
+
+    #[test]
+    fn contention_found_again_soon_after_it_cleared_resumes_the_back_off_where_it_was() {
+        let mut t = Instant::now();
+        let mut p = AutoPoll::new(t);
+        let mut sched = (0, 0);
+        waited(&mut p, t, &mut sched, 0);
+        // Contended, then still at each probe: 10, 20, 40 ms.
+        for want in [10, 20, 40] {
+            t += CHECK_EVERY.max(p.backoff);
+            p.record_exit(PollExit::Hit);
+            waited(&mut p, t, &mut sched, 5);
+            assert_eq!(p.backoff, Duration::from_millis(want));
+        }
+        // A clean probe clears it.
+        t += p.backoff;
+        p.record_exit(PollExit::Hit);
+        assert_eq!(waited(&mut p, t, &mut sched, 0), Check::Clear);
+        // Back soon (a scheduler that lets a worker fresh from sleep run ahead of
+        // a spinning thread for a while): 80 ms, not 10.
+        t += BACKOFF_MEMORY / 2;
+        assert_eq!(waited(&mut p, t, &mut sched, 0), Check::Same);
+        t += CHECK_EVERY;
+        assert_eq!(waited(&mut p, t, &mut sched, 5), Check::Contended);
+        assert_eq!(p.backoff, Duration::from_millis(80));
+        // Cleared, and contended again only after BACKOFF_MEMORY: from 10 ms again.
+        t += p.backoff;
+        p.record_exit(PollExit::Hit);
+        assert_eq!(waited(&mut p, t, &mut sched, 0), Check::Clear);
+        t += BACKOFF_MEMORY;
+        assert_eq!(waited(&mut p, t, &mut sched, 0), Check::Same);
+        t += CHECK_EVERY;
+        assert_eq!(waited(&mut p, t, &mut sched, 5), Check::Contended);
+        assert_eq!(p.backoff, BACKOFF_MIN);
     }
 }

@@ -26,6 +26,7 @@ use super::queue::{
 };
 use super::rx::RxPath;
 use super::shared::Shared;
+use super::siblings::Sibling;
 use super::thread::{wait_events, Command, Inbox};
 
 /// vhost_net's VHOST_NET_PKT_WEIGHT and VHOST_NET_WEIGHT: a queue's share of one turn.
@@ -79,10 +80,10 @@ pub struct Worker<H: Host> {
     chain: Chain,
     faults: FaultWatch,
     /// Busy polling auto's policy; when the pair last went idle (the gap it measures); the
-    /// worker thread's schedstat, for its contention check.
+    /// worker thread's schedstat and its siblings', for its contention check.
     auto: AutoPoll,
     idle_since: Option<Instant>,
-    schedstat: Option<SchedStat>,
+    schedstat: Option<Sibling>,
 }
 
 impl<H: Host> Worker<H> {
@@ -115,7 +116,9 @@ impl<H: Host> Worker<H> {
             }
         }
         // Opened by this thread (the file is the opener's), before seccomp forbids opening.
-        self.schedstat = SchedStat::open().ok();
+        self.schedstat = SchedStat::open()
+            .ok()
+            .map(|s| Sibling::join(self.shared.config.worker_cpu, s));
         if self.shared.config.seccomp {
             virtnet_sys::sandbox::restrict_thread()
                 .map_err(Error::host("installing the worker's seccomp filter"))?;
@@ -402,7 +405,7 @@ impl<H: Host> Worker<H> {
             BusyPoll::Auto => {
                 let now = Instant::now();
                 if self.auto.check_due(now) {
-                    let sched = self.schedstat.as_ref().and_then(SchedStat::sample);
+                    let sched = self.schedstat.as_ref().and_then(Sibling::sample);
                     if self.auto.check(now, sched) == Check::Contended {
                         counters.busy_poll_contended.add(1);
                     }

@@ -247,18 +247,30 @@ impl SchedStat {
             .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "unreadable schedstat"))
     }
 
-    /// Nanoseconds the thread has spent runnable, waiting for a CPU, and the times it has
-    /// been given one, so far.
-    pub fn sample(&self) -> Option<(u64, u64)> {
+    /// The thread's figures so far.
+    pub fn sample(&self) -> Option<Sched> {
         use std::os::unix::fs::FileExt;
         let mut buf = [0u8; 96];
         let n = self.0.read_at(&mut buf, 0).ok()?;
         let mut f = std::str::from_utf8(&buf[..n])
             .ok()?
-            .split_ascii_whitespace();
-        let _on_cpu = f.next()?;
-        Some((f.next()?.parse().ok()?, f.next()?.parse().ok()?))
+            .split_ascii_whitespace()
+            .map(str::parse::<u64>);
+        Some(Sched {
+            ran_ns: f.next()?.ok()?,
+            waited_ns: f.next()?.ok()?,
+            slices: f.next()?.ok()?,
+        })
     }
+}
+
+/// One reading of a [`SchedStat`]: nanoseconds the thread has run on a CPU, nanoseconds it has
+/// spent runnable waiting for one, and the times it has been given one, so far.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Sched {
+    pub ran_ns: u64,
+    pub waited_ns: u64,
+    pub slices: u64,
 }
 
 /// CPU time (user + system) consumed by the calling thread, in nanoseconds.
@@ -335,15 +347,19 @@ mod tests {
             std::thread::spawn(move || {
                 pin_thread(0).unwrap();
                 let s = SchedStat::open().unwrap();
-                let (before, slices) = s.sample().unwrap();
+                let before = s.sample().unwrap();
                 let t = std::time::Instant::now();
                 while t.elapsed() < std::time::Duration::from_millis(200) {
                     std::hint::spin_loop();
                 }
                 stop.store(true, std::sync::atomic::Ordering::Relaxed);
-                let (after, slices_after) = s.sample().unwrap();
-                assert!(slices_after > slices);
-                after - before
+                let after = s.sample().unwrap();
+                assert!(after.slices > before.slices);
+                assert!(
+                    after.ran_ns - before.ran_ns > 20_000_000,
+                    "{before:?} {after:?}"
+                );
+                after.waited_ns - before.waited_ns
             })
         };
         let (a, b) = (spin(stop.clone()), spin(stop));
