@@ -2,8 +2,11 @@
 //! figures go to docs/PERFORMANCE.md:
 //!
 //! ```text
-//! cargo test --release -p virtnet --test driver_bench -- --ignored --nocapture --test-threads 1
+//! cargo test --release -p virtnet-driver --test driver_bench -- --ignored --nocapture --test-threads 1
 //! ```
+//!
+//! `VIRTNET_BENCH_REPEATS=N` sets the rounds of the first, `VIRTNET_BENCH_SIZES=64` its frame
+//! sizes, and `VIRTNET_BENCH_GEN_INTERRUPTS=1` runs our driver in its interrupt mode.
 //!
 //! - `driver_vs_dpdk_virtio_user`: our driver (`virtnet gen --busy-poll`) and DPDK's
 //!   virtio-user PMD (testpmd) against the same DPDK vhost PMD, 64 B and 1500 B, both
@@ -82,8 +85,10 @@ fn vhost_rate(size: usize, dir: Dir, peer: Peer, dir_path: &ScratchDir) -> f64 {
                 },
                 size,
                 duration: total,
-                busy_poll: true,
-                avail_per_burst: true,
+                // VIRTNET_BENCH_GEN_INTERRUPTS=1: gen in its default mode, sleeping for the
+                // device's interrupts (the per-run lines give interrupts per packet).
+                busy_poll: !gen_interrupts(),
+                avail_per_burst: !gen_interrupts(),
                 connect_wait: Duration::from_secs(10),
                 ..Default::default()
             };
@@ -127,6 +132,10 @@ fn vhost_rate(size: usize, dir: Dir, peer: Peer, dir_path: &ScratchDir) -> f64 {
     mpps
 }
 
+fn gen_interrupts() -> bool {
+    std::env::var_os("VIRTNET_BENCH_GEN_INTERRUPTS").is_some_and(|v| v == "1")
+}
+
 #[test]
 #[ignore]
 fn driver_vs_dpdk_virtio_user() {
@@ -140,7 +149,15 @@ fn driver_vs_dpdk_virtio_user() {
         .unwrap_or(3);
     let mut rows = Vec::new();
     let load_before = loadavg();
-    for size in [64usize, 1500] {
+    // VIRTNET_BENCH_SIZES=64 (a comma-separated list) to run fewer rows.
+    let sizes: Vec<usize> = std::env::var("VIRTNET_BENCH_SIZES")
+        .ok()
+        .map(|v| v.split(',').filter_map(|s| s.trim().parse().ok()).collect())
+        .unwrap_or_else(|| vec![64, 1500]);
+    if gen_interrupts() {
+        println!("gen in its interrupt mode (no --busy-poll, no --avail-per-burst)");
+    }
+    for size in sizes {
         for d in [Dir::DriverTx, Dir::DriverRx] {
             let (mut ours, mut theirs) = (Vec::new(), Vec::new());
             for rep in 0..repeats {
