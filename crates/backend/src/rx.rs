@@ -287,6 +287,9 @@ impl RxPath {
         read_at(rx.queue.memory(), &self.segs, hdr_len, &mut dst[..dst_len])?;
         if !shared.accepts(&dst[..dst_len]) {
             rx.counters.filtered.add(1);
+            // The bytes landed in buffers that stay posted: marked all the same, so that
+            // during a migration the destination's memory is the source's.
+            rx.queue.log_write(&self.segs, in_guest as u64);
             return Ok(Direct::Dropped);
         }
         if n > in_guest {
@@ -294,6 +297,7 @@ impl RxPath {
             let over = &tail[..n - in_guest];
             if !mergeable || !post_overflow(rx, &mut self.posted, &mut self.spare, over)? {
                 rx.counters.dropped.add(1);
+                rx.queue.log_write(&self.segs, in_guest as u64);
                 return Ok(Direct::Dropped);
             }
         }
@@ -1006,7 +1010,7 @@ mod tests {
 
     /// With a dirty log (live migration), every rx path marks the pages of the bytes it put
     /// in the guest's buffers, by length, and the used ring's; the buffers still posted are
-    /// not marked.
+    /// not marked, unless a frame the filter refused was read into them.
     #[test]
     fn a_logging_rx_queue_marks_exactly_the_buffer_bytes_each_path_wrote() {
         let (mut rx, mut driver, _mem) = rx_path(MRG);
@@ -1043,5 +1047,16 @@ mod tests {
         assert_eq!(rx.deliver_burst(&s, &mut frame(100), 2), Ok(2));
         rx.queue.as_mut().unwrap().queue.flush();
         assert_eq!(log.take_dirty(), [ring, page(3), page(4), page(5), page(6)]);
+        // A 1500-byte frame for another MAC, read into buffers 7 and 8 (posted for 2000
+        // bytes), refused: they stay posted, and the bytes it left there are marked.
+        s.promisc.store(false, Relaxed);
+        let mut other = frame(1500);
+        other[vnet::HDR_LEN..vnet::HDR_LEN + 6].copy_from_slice(&[0x02, 1, 2, 3, 4, 5]);
+        let host = Host::with(&[other]);
+        assert_eq!(
+            direct(&mut rx, &s, &host, 2000, 1500).0,
+            Ok(Direct::Dropped)
+        );
+        assert_eq!(log.take_dirty(), [page(7), page(8)]);
     }
 }
