@@ -281,7 +281,7 @@ impl AutoPoll {
     /// kernel does not say.
     pub fn check(&mut self, now: Instant, sched: Option<(Sched, u64)>) -> Check {
         let (own, siblings) = sched.unwrap_or_default();
-        let waited_too_long = match self.last_check {
+        let contended = match self.last_check {
             Some(last) => {
                 let wall = now.saturating_duration_since(last.at).as_nanos() as u64;
                 // Waits the siblings' runs account for are no contention (see siblings.rs).
@@ -292,7 +292,6 @@ impl AutoPoll {
             }
             None => false,
         };
-        let contended = waited_too_long;
         let polled = std::mem::take(&mut self.polled);
         self.last_check = Some(LastCheck {
             at: now,
@@ -302,18 +301,13 @@ impl AutoPoll {
         });
         let was = !self.backoff.is_zero();
         if contended {
-            self.backoff = if was {
-                self.backoff * 2
-            } else if self
-                .cleared
-                .is_some_and(|(t, _)| now.saturating_duration_since(t) < BACKOFF_MEMORY)
-            {
+            self.backoff = match self.cleared {
+                _ if was => self.backoff * 2,
                 // Back soon after it cleared: the contention never went, the scheduler only
                 // let the worker run for a while (on AMD EPYC family 26 under Linux 6.18 a
                 // worker that slept through its back-off runs ahead of a spinning thread).
-                self.cleared.map_or(BACKOFF_MIN, |(_, b)| b * 2)
-            } else {
-                BACKOFF_MIN
+                Some((t, b)) if now.saturating_duration_since(t) < BACKOFF_MEMORY => b * 2,
+                _ => BACKOFF_MIN,
             }
             .clamp(BACKOFF_MIN, BACKOFF_MAX);
             self.until = now + self.backoff;
@@ -497,12 +491,17 @@ mod tests {
 
     /// A sched sample of `waited_ns` in `slices`, no sibling.
     fn at(waited_ns: u64, slices: u64) -> Option<(Sched, u64)> {
+        with_siblings(waited_ns, slices, 0)
+    }
+
+    /// A sched sample of `waited_ns` in `slices`, the siblings having run `siblings_ns`.
+    fn with_siblings(waited_ns: u64, slices: u64, siblings_ns: u64) -> Option<(Sched, u64)> {
         let own = Sched {
             ran_ns: 0,
             waited_ns,
             slices,
         };
-        Some((own, 0))
+        Some((own, siblings_ns))
     }
 
     #[test]
@@ -580,12 +579,7 @@ mod tests {
         let t0 = Instant::now();
         let mut p = AutoPoll::new(t0);
         let sample = |waited_ms: u64, slices: u64, siblings_ms: u64| {
-            let own = Sched {
-                ran_ns: 0,
-                waited_ns: waited_ms * 1_000_000,
-                slices,
-            };
-            Some((own, siblings_ms * 1_000_000))
+            with_siblings(waited_ms * 1_000_000, slices, siblings_ms * 1_000_000)
         };
         p.check(t0, sample(0, 0, 0));
         // 5 ms waited in 10, in one slice, while a sibling ran 5 ms: it polled in the wait.

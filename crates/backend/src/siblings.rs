@@ -69,8 +69,8 @@ mod tests {
     #[test]
     fn a_worker_sees_the_time_its_siblings_on_its_cpu_ran_and_not_the_others() {
         // Three threads: two "pinned to CPU 7" (only the registry's word: they run anywhere),
-        // one to CPU 6. Each spins 50 ms of CPU time once registered, hands its registration over, and
-        // lives on (a thread's schedstat reads only while it lives) until told to end.
+        // one to CPU 6. Each spins 50 ms of CPU time once registered, hands its registration
+        // over, and lives on (a thread's schedstat reads only while it lives) until told to end.
         let (tx, rx) = std::sync::mpsc::channel();
         let done = Arc::new(std::sync::Barrier::new(4));
         let threads: Vec<_> = [7, 7, 6]

@@ -1,8 +1,8 @@
 //! Busy polling auto under CPU contention: request-response traffic through an echo backend
 //! whose worker is pinned to CPU 0. Alone on its CPU the worker polls; when a busy thread is
-//! pinned to the same CPU, auto sees the CPU wanted (polls preempted, time spent waiting to
-//! run), counts it and stops polling, and the traffic still flows; once the thread is gone it
-//! polls again; and with no traffic at all the worker takes no CPU.
+//! pinned to the same CPU, auto sees the CPU wanted (the worker's time spent waiting to run,
+//! in slices), counts it and mostly stops polling, and the traffic still flows; once the
+//! thread is gone it polls again; and with no traffic at all the worker takes no CPU.
 //!
 //! One test in a binary of its own: the worker's CPU time is read by its thread's name.
 

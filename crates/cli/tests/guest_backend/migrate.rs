@@ -138,7 +138,7 @@ fn migrate(from: &mut Monitor, to: &mut Monitor, port: u16, limit: Duration) -> 
     assert!(!out.contains("rror"), "migrate: {out}");
     from.wait_migrated(limit).unwrap_or_else(|e| panic!("{e}"));
     // The source is done when it has sent the last pages; the destination may still be
-    // reading them (CI once compared its memory then: 91 pages of the final pass differed).
+    // reading them, and its memory is compared only once it has loaded them all.
     let sent = Instant::now();
     to.wait_incoming(limit).unwrap_or_else(|e| panic!("{e}"));
     report(&format!(
