@@ -6,7 +6,9 @@
 //! ```
 //!
 //! `VIRTNET_BENCH_REPEATS=N` sets the rounds of the first, `VIRTNET_BENCH_SIZES=64` its frame
-//! sizes, and `VIRTNET_BENCH_GEN_INTERRUPTS=1` runs our driver in its interrupt mode.
+//! sizes, and `VIRTNET_BENCH_GEN_INTERRUPTS=1` runs our driver in its interrupt mode;
+//! `VIRTNET_BENCH_GEN_AVAIL_PER_BURST=0|1` overrides whether it publishes the avail index per
+//! burst (by default it does when it polls, and not in its interrupt mode).
 //!
 //! - `driver_vs_dpdk_virtio_user`: our driver (`virtnet gen --busy-poll`) and DPDK's
 //!   virtio-user PMD (testpmd) against the same DPDK vhost PMD, 64 B and 1500 B, both
@@ -88,7 +90,8 @@ fn vhost_rate(size: usize, dir: Dir, peer: Peer, dir_path: &ScratchDir) -> f64 {
                 // VIRTNET_BENCH_GEN_INTERRUPTS=1: gen in its default mode, sleeping for the
                 // device's interrupts (the per-run lines give interrupts per packet).
                 busy_poll: !gen_interrupts(),
-                avail_per_burst: !gen_interrupts(),
+                avail_per_burst: gen_avail_per_burst(),
+                queue_size: env_or("VIRTNET_BENCH_GEN_QUEUE_SIZE", 256),
                 connect_wait: Duration::from_secs(10),
                 ..Default::default()
             };
@@ -136,6 +139,21 @@ fn gen_interrupts() -> bool {
     std::env::var_os("VIRTNET_BENCH_GEN_INTERRUPTS").is_some_and(|v| v == "1")
 }
 
+fn env_or<T: std::str::FromStr>(key: &str, default: T) -> T {
+    std::env::var(key)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn gen_avail_per_burst() -> bool {
+    match std::env::var("VIRTNET_BENCH_GEN_AVAIL_PER_BURST").as_deref() {
+        Ok("1") => true,
+        Ok("0") => false,
+        _ => !gen_interrupts(),
+    }
+}
+
 #[test]
 #[ignore]
 fn driver_vs_dpdk_virtio_user() {
@@ -154,9 +172,19 @@ fn driver_vs_dpdk_virtio_user() {
         .ok()
         .map(|v| v.split(',').filter_map(|s| s.trim().parse().ok()).collect())
         .unwrap_or_else(|| vec![64, 1500]);
-    if gen_interrupts() {
-        println!("gen in its interrupt mode (no --busy-poll, no --avail-per-burst)");
-    }
+    println!(
+        "gen {}, avail index published per {}",
+        if gen_interrupts() {
+            "in its interrupt mode (no --busy-poll)"
+        } else {
+            "polling (--busy-poll)"
+        },
+        if gen_avail_per_burst() {
+            "burst (--avail-per-burst)"
+        } else {
+            "buffer"
+        }
+    );
     for size in sizes {
         for d in [Dir::DriverTx, Dir::DriverRx] {
             let (mut ours, mut theirs) = (Vec::new(), Vec::new());
