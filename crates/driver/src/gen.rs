@@ -131,6 +131,11 @@ pub struct GenConfig {
     pub duration: Duration,
     /// Spin on the rings instead of sleeping on the call eventfds.
     pub busy_poll: bool,
+    /// Without `busy_poll`: before each sleep on a call eventfd, poll the ring for up to this
+    /// long (zero: sleep at once). A sleep costs a wake-up (32-38 us across the CPUs of the
+    /// AMD EPYC of docs/PERFORMANCE.md) during which a fast device may run dry.
+    #[serde(serialize_with = "as_secs")]
+    pub spin: Duration,
     /// Ask for VIRTIO_F_IN_ORDER (taken when the device offers it); off for A/B runs.
     pub in_order: bool,
     pub ctrl: CtrlMode,
@@ -176,6 +181,7 @@ impl Default for GenConfig {
             queues: 1,
             duration: Duration::from_secs(10),
             busy_poll: false,
+            spin: Duration::ZERO,
             in_order: true,
             ctrl: CtrlMode::Irq,
             dim: false,

@@ -8,7 +8,9 @@
 //! `VIRTNET_BENCH_REPEATS=N` sets the rounds of the first, `VIRTNET_BENCH_SIZES=64` its frame
 //! sizes, and `VIRTNET_BENCH_GEN_INTERRUPTS=1` runs our driver in its interrupt mode;
 //! `VIRTNET_BENCH_GEN_AVAIL_PER_BURST=0|1` overrides whether it publishes the avail index per
-//! burst (by default it does when it polls, and not in its interrupt mode).
+//! burst (by default it does when it polls, and not in its interrupt mode);
+//! `VIRTNET_BENCH_GEN_QUEUE_SIZE=N` sets its ring and `VIRTNET_BENCH_GEN_SPIN_US=N` how long
+//! its interrupt mode polls before each sleep.
 //!
 //! - `driver_vs_dpdk_virtio_user`: our driver (`virtnet gen --busy-poll`) and DPDK's
 //!   virtio-user PMD (testpmd) against the same DPDK vhost PMD, 64 B and 1500 B, both
@@ -92,6 +94,7 @@ fn vhost_rate(size: usize, dir: Dir, peer: Peer, dir_path: &ScratchDir) -> f64 {
                 busy_poll: !gen_interrupts(),
                 avail_per_burst: gen_avail_per_burst(),
                 queue_size: env_or("VIRTNET_BENCH_GEN_QUEUE_SIZE", 256),
+                spin: Duration::from_micros(env_or("VIRTNET_BENCH_GEN_SPIN_US", 0)),
                 connect_wait: Duration::from_secs(10),
                 ..Default::default()
             };

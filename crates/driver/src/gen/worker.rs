@@ -56,14 +56,14 @@ pub(super) fn worker(
             while !stop.load(Relaxed) {
                 transmit_burst(&mut p, &frame, hdr, cfg.burst)?;
                 if p.tx.is_stopped() {
-                    wait_tx(&mut p, cfg.busy_poll)?;
+                    wait_tx(&mut p, cfg)?;
                 }
             }
         }
         Mode::RxOnly => {
             while !stop.load(Relaxed) {
                 let n = rx_poll(&mut p.rx, RX_BUDGET)?;
-                if n < RX_BUDGET && !cfg.busy_poll {
+                if n < RX_BUDGET && !cfg.busy_poll && !spin_rx(&mut p, cfg.spin)? {
                     p.rx.wait(IDLE_WAIT_MS);
                 }
             }
@@ -102,7 +102,7 @@ pub(super) fn worker(
                     if stop.load(Relaxed) {
                         break 'frames;
                     }
-                    wait_tx(&mut p, cfg.busy_poll)?;
+                    wait_tx(&mut p, cfg)?;
                 }
                 let sent_at = Instant::now();
                 p.tx.flush();
@@ -155,7 +155,7 @@ pub(super) fn worker(
                     if stop.load(Relaxed) {
                         break 'windows;
                     }
-                    wait_tx(&mut p, cfg.busy_poll)?;
+                    wait_tx(&mut p, cfg)?;
                 }
                 p.tx.flush();
                 windows += 1;
@@ -244,12 +244,32 @@ fn transmit_burst(
 }
 
 /// Waits until the stopped tx queue has room: spinning on reclaim, or asleep on the
-/// delayed tx interrupt.
-fn wait_tx(p: &mut QueuePair, busy_poll: bool) -> Result<(), DriverError> {
-    if busy_poll {
+/// delayed tx interrupt (after reclaiming for up to `cfg.spin`).
+fn wait_tx(p: &mut QueuePair, cfg: &GenConfig) -> Result<(), DriverError> {
+    if cfg.busy_poll {
         p.tx.reclaim(usize::MAX)?;
-    } else {
-        p.tx.wait_wake(IDLE_WAIT_MS)?;
+        return Ok(());
     }
+    let until = Instant::now() + cfg.spin;
+    while p.tx.is_stopped() && !cfg.spin.is_zero() && Instant::now() < until {
+        p.tx.reclaim(usize::MAX)?;
+    }
+    p.tx.wait_wake(IDLE_WAIT_MS)?;
     Ok(())
+}
+
+/// Before an rx sleep (callbacks on, the last poll short of its budget): polls with
+/// callbacks off for up to `spin`; returns whether frames came, else leaves callbacks on
+/// (after a last re-checking poll) for the sleep.
+fn spin_rx(p: &mut QueuePair, spin: Duration) -> Result<bool, DriverError> {
+    if spin.is_zero() {
+        return Ok(false);
+    }
+    let until = Instant::now() + spin;
+    while Instant::now() < until {
+        if p.rx.poll(RX_BUDGET, PollMode::Busy, Count)? > 0 {
+            return Ok(true);
+        }
+    }
+    Ok(p.rx.poll(RX_BUDGET, PollMode::Napi, Count)? > 0)
 }
