@@ -83,7 +83,7 @@ pub struct Worker<H: Host> {
     /// worker thread's schedstat and its siblings', for its contention check.
     auto: AutoPoll,
     idle_since: Option<Instant>,
-    schedstat: Option<Sibling>,
+    sibling: Option<Sibling>,
 }
 
 impl<H: Host> Worker<H> {
@@ -103,7 +103,7 @@ impl<H: Host> Worker<H> {
             faults: FaultWatch::default(),
             auto: AutoPoll::new(Instant::now()),
             idle_since: None,
-            schedstat: None,
+            sibling: None,
         })
     }
 
@@ -116,7 +116,7 @@ impl<H: Host> Worker<H> {
             }
         }
         // Opened by this thread (the file is the opener's), before seccomp forbids opening.
-        self.schedstat = SchedStat::open()
+        self.sibling = SchedStat::open()
             .ok()
             .map(|s| Sibling::join(self.shared.config.worker_cpu, s));
         if self.shared.config.seccomp {
@@ -405,7 +405,7 @@ impl<H: Host> Worker<H> {
             BusyPoll::Auto => {
                 let now = Instant::now();
                 if self.auto.check_due(now) {
-                    let sched = self.schedstat.as_ref().and_then(Sibling::sample);
+                    let sched = self.sibling.as_ref().and_then(Sibling::sample);
                     if self.auto.check(now, sched) == Check::Contended {
                         counters.busy_poll_contended.add(1);
                     }

@@ -93,7 +93,7 @@ pub struct GuestConfig {
 /// later stores through that TLB are not logged and never sent (fixed by QEMU commit
 /// 03bfc2188f, "physmem: Fix migration dirty bitmap coherency with TCG memory access"). In
 /// the migration test this lost a busy guest's writes in 2 of 5 runs (34-37 pages, the
-/// shell's loop counter among them, and once the guest's kernel with them); padded, 0 of 3.
+/// shell's loop counter among them, and once the guest's kernel with them); padded, 0 of 7.
 pub const MIGRATION_PAD: u64 = 8 << 10;
 
 impl GuestConfig {

@@ -251,7 +251,7 @@ fn wait_tx(p: &mut QueuePair, cfg: &GenConfig) -> Result<(), DriverError> {
         return Ok(());
     }
     let until = Instant::now() + cfg.spin;
-    while p.tx.is_stopped() && !cfg.spin.is_zero() && Instant::now() < until {
+    while p.tx.is_stopped() && Instant::now() < until {
         p.tx.reclaim(usize::MAX)?;
     }
     p.tx.wait_wake(IDLE_WAIT_MS)?;
