@@ -928,7 +928,7 @@ mod tests {
         let counters = s.device.counters(TX0 as usize);
         assert_eq!(counters.packets.get(), 1);
         assert_eq!(counters.bytes.get(), 64 - vnet::HDR_LEN as u64);
-        assert!(counters.kicks.get() >= 1);
+        // (Found by its kick or by busy polling, whichever came first: no count of either.)
         assert!(tx.call.read().unwrap() >= 1, "the device called");
 
         // GET_VRING_BASE stops it: the worker reports where it stopped, and no longer has it.
