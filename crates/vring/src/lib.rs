@@ -40,4 +40,4 @@ pub use error::{Error, ErrorKind};
 pub use event::vring_need_event;
 pub use features::Features;
 pub use layout::RingAddresses;
-pub use memory::{DirtyLog, GuestAddress, GuestMemory, MAX_IOVECS};
+pub use memory::{DirtyLog, GuestAddress, GuestMemory, UringWriter, MAX_IOVECS};

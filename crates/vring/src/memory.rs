@@ -576,10 +576,12 @@ impl SharedAtomic for AtomicU32 {}
 impl SharedAtomic for AtomicU64 {}
 mod dirty;
 mod fault;
+mod uring;
 mod vectored;
 
 pub use dirty::{DirtyLog, LOG_PAGE};
 pub use fault::fault_count;
+pub use uring::{FrameResult, UringWriter, MAX_BATCH as MAX_URING_BATCH};
 pub use vectored::MAX_IOVECS;
 
 mod sealed {
