@@ -25,7 +25,12 @@
 #   --zero-loss S  also S seconds of 64 B guest -> host at full rate into our backend: frames
 #              the guest sent (testpmd's TX-packets) against frames at the TAP and frames
 #              the backend dropped (only invalid ones may be), with the TAP's push-backs;
-#   --no-compare  only the parts asked for with --ceiling / --offload / --zero-loss.
+#   --tap-io-ab  also our backend's two ways of writing guest tx into the TAP, A/B/A/B:
+#              --tap-io uring (up to 64 writev per io_uring_enter, the default) against
+#              --tap-io syscalls (one writev system call per frame), guest -> host, 64 and
+#              1500 B, counted at the TAP;
+#   --no-compare  only the parts asked for with --ceiling / --offload / --zero-loss /
+#              --tap-io-ab.
 #
 # CPUs: the device on DEV_CPU (0), the guest (and virtnet gen) on GUEST_CPU (1), trafgen on
 # the CPU the device does not use, GEN_CPU (GUEST_CPU), where it shares the CPU with the
@@ -46,6 +51,7 @@ compare=1
 ceiling=0
 offload=0
 zero_loss=0
+tap_io_ab=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --rounds) rounds=$2; shift 2 ;;
@@ -54,6 +60,7 @@ while [ $# -gt 0 ]; do
     --ceiling) ceiling=1; shift ;;
     --offload) offload=1; shift ;;
     --zero-loss) zero_loss=$2; shift 2 ;;
+    --tap-io-ab) tap_io_ab=1; shift ;;
     --no-compare) compare=0; shift ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
@@ -205,12 +212,13 @@ wait_for() { # what test...
   return 1
 }
 
-device_virtnet() { # sock
+device_virtnet() { # sock [tap-io]
   ip netns exec "$ns" taskset -c "$dev_cpu" "$virtnet" backend --tap "$our_tap" --socket-path "$1" \
     --busy-poll-us "$busy_poll_us" --worker-cpu "$dev_cpu" --mac "$guest_mac" \
-    --ctl "$work/ctl.sock" >"$work/dev.log" 2>&1 &
+    --tap-io "${2:-uring}" --ctl "$work/ctl.sock" >"$work/dev.log" 2>&1 &
   pids+=($!)
 }
+device_syscalls() { device_virtnet "$1" syscalls; }
 # testpmd's main lcore must not share a CPU with its forwarding lcore while the vhost-user
 # handshake runs (scripts/dpdk-compare.sh): each side's main lcore sits on the other CPU.
 device_dpdk() { # sock
@@ -237,6 +245,7 @@ stop_last() { # signal
 # (Not called in $(...): the processes it starts must stay in this shell's list.)
 run_pair() { # which dir size
   local which=$1 dir=$2 size=$3 sock=$work/s.sock tap=$our_tap
+  # virtnet: --tap-io uring; syscalls: virtnet backend --tap-io syscalls; dpdk: DPDK's pair.
   rm -f "$sock"
   if [ "$which" = dpdk ]; then tap=$dpdk_tap; fi
   "device_$which" "$sock"
@@ -259,7 +268,7 @@ run_pair() { # which dir size
   # INT, virtnet backend wants TERM.
   stop_pid "$guest" INT
   stop_trafgen
-  if [ "$which" = virtnet ]; then stop_pid "$dev" TERM; else stop_pid "$dev" INT; fi
+  if [ "$which" = dpdk ]; then stop_pid "$dev" INT; else stop_pid "$dev" TERM; fi
   pids=()
   rm -rf /var/run/dpdk/vnt-t*
   echo "$(scaled_median "$work/tap.rates" 1e6) $(guest_rate "$work/drv.log" "$field")" \
@@ -399,6 +408,28 @@ if [ "$compare" = 1 ]; then
   # (it shares GEN_CPU with the guest's busy-polling lcore), not the device.
   echo "host → guest, trafgen's offer at the TAP (tx_packets + tx_dropped), Mpps medians: $(
     printf '%s; ' "${offered[@]}" | sed 's/; $//')."
+  echo
+fi
+
+if [ "$tap_io_ab" = 1 ]; then
+  echo "| frames | guest → host, at the TAP | virtnet --tap-io uring Mpps: median (each run) | virtnet --tap-io syscalls Mpps: median (each run) | ratio of medians | of bests | of worsts |"
+  echo "|---|---|---|---|---|---|---|"
+  for size in 64 1500; do
+    a=(); b=()
+    for r in $(seq "$rounds"); do
+      # A/B, then B/A.
+      order="virtnet syscalls"
+      [ $((r % 2)) = 0 ] && order="syscalls virtnet"
+      for which in $order; do
+        run_pair "$which" tx "$size"; read -r t _ _ <"$work/result"
+        if [ "$which" = virtnet ]; then a+=("$t"); else b+=("$t"); fi
+      done
+    done
+    ma=$(pick median "${a[@]}"); mb=$(pick median "${b[@]}")
+    echo "| $size B | TAP | $ma (${a[*]}) | $mb (${b[*]}) | $(ratio "$ma" "$mb") |" \
+      "$(ratio "$(pick max "${a[@]}")" "$(pick max "${b[@]}")") |" \
+      "$(ratio "$(pick min "${a[@]}")" "$(pick min "${b[@]}")") |"
+  done
   echo
 fi
 

@@ -96,7 +96,11 @@ impl Device {
             let worker = match &io {
                 IoMode::Tap(_) => {
                     let q = tap_queues.next().expect("one TAP queue per pair");
-                    spawn_pair(p, TapPort::new(q), &shared)
+                    spawn_pair(
+                        p,
+                        TapPort::new(q, shared.config.tap_io, shared.config.tap_sndbuf.is_some()),
+                        &shared,
+                    )
                 }
                 IoMode::Null { size } => spawn_pair(p, NullPort::new(*size, p), &shared),
                 IoMode::Echo => spawn_pair(p, EchoPort::default(), &shared),

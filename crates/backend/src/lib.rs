@@ -53,6 +53,7 @@ pub mod worker;
 
 pub use device::{Device, DeviceReport};
 pub use error::Error;
+pub use host::tap::TapIo;
 pub use poll::BusyPoll;
 pub use queue::{QueueId, QueueRuntime};
 pub use session::{serve, serve_client, serve_connection, RequestHandler, Session};

@@ -40,6 +40,10 @@ vnet::counters! {
         /// tx frames the host port could not take yet (the TAP's send buffer was full): each
         /// stayed on the tx ring and went once the TAP took frames again.
         host_pushback,
+        /// tx: bursts of frames handed to the host port in one system call (`--tap-io
+        /// uring`: one io_uring_enter each), so that packets / host_batches is the frames per
+        /// call. 0 when the port writes frame by frame.
+        host_batches,
         /// rx frames read through the host port's own buffer and copied, because the guest
         /// had not posted buffers for the largest frame (the others go straight into guest
         /// memory).

@@ -12,6 +12,7 @@ use vnet::feature;
 use vring::Features;
 
 use super::error::Error;
+use super::host::tap::TapIo;
 use super::metrics::{QueueCounters, QueueTunables};
 use super::poll::BusyPoll;
 use super::queue::QueueId;
@@ -151,6 +152,9 @@ pub struct BackendConfig {
     /// charged to the TAP instead of building it in place (358 against 316 ns per 64-byte
     /// write, Intel Xeon, Linux 6.18).
     pub tap_sndbuf: Option<i32>,
+    /// How guest tx is written into the TAP: a burst per `io_uring_enter` (the default, where
+    /// the kernel allows it) or a `writev` system call per frame.
+    pub tap_io: TapIo,
     /// Each worker thread (the pairs' and the control queue's) allows itself only the system
     /// calls it needs (`virtnet_sys::sandbox::WORKER_SYSCALLS`); any other kills the process.
     /// `virtnet backend` turns it on; off here, for the tests and fuzz targets that build a
@@ -173,6 +177,7 @@ impl Default for BackendConfig {
             poll_rx_from_tx: true,
             worker_cpu: None,
             tap_sndbuf: None,
+            tap_io: TapIo::default(),
             seccomp: false,
         }
     }

@@ -77,7 +77,9 @@ pub struct Worker<H: Host> {
     /// The host port pushed back (`Sent::Busy`): the frame stays on the tx ring, and tx does
     /// not run (nor take kicks) until the port is writable.
     tx_waits_host: bool,
-    chain: Chain,
+    /// The tx frames of one batch ([`Host::tx_batch`]) and what became of each.
+    chains: Vec<Chain>,
+    sent: Vec<Sent>,
     faults: FaultWatch,
     /// Busy polling auto's policy; when the pair last went idle (the gap it measures); the
     /// worker thread's schedstat and its siblings', for its contention check.
@@ -99,7 +101,8 @@ impl<H: Host> Worker<H> {
             timer: TimerFd::new()?,
             host_armed: EventSet::empty(),
             tx_waits_host: false,
-            chain: Chain::new(),
+            chains: Vec::new(),
+            sent: Vec::new(),
             faults: FaultWatch::default(),
             auto: AutoPoll::new(Instant::now()),
             idle_since: None,
@@ -248,8 +251,8 @@ impl<H: Host> Worker<H> {
                         self.rx.release();
                         self.rx.queue.take()
                     } else {
-                        // The longest chain the guest sent stays allocated in it.
-                        self.chain = Chain::new();
+                        // The longest chains the guest sent stay allocated in them.
+                        self.chains = Vec::new();
                         self.tx_waits_host = false;
                         self.tx.take()
                     };
@@ -279,8 +282,12 @@ impl<H: Host> Worker<H> {
             self.tx_waits_host = false;
         }
         let hdr_len = vnet::hdr_len(tx.queue.config().features());
+        let batch = self.host.tx_batch().clamp(1, WEIGHT_PACKETS);
+        if self.chains.len() < batch {
+            self.chains.resize_with(batch, Chain::new);
+        }
         let mut bytes = 0u64;
-        let result: Result<(), RingError> = loop {
+        let result: Result<(), RingError> = 'turn: loop {
             if turn.at_weight(bytes, tx) {
                 break Ok(());
             }
@@ -288,41 +295,72 @@ impl<H: Host> Worker<H> {
                 // A loopback needs a working rx queue; without one, leave tx where it is.
                 break Ok(());
             }
-            match tx.queue.pop_into(&mut self.chain) {
-                Ok(true) => {}
-                Ok(false) => break Ok(()),
-                Err(e) => break Err(e),
+            let want = batch.min(WEIGHT_PACKETS - turn.frames);
+            let mut popped = 0;
+            let mut pop_error = None;
+            while popped < want {
+                match tx.queue.pop_into(&mut self.chains[popped]) {
+                    Ok(true) => popped += 1,
+                    Ok(false) => break,
+                    Err(e) => {
+                        pop_error = Some(e);
+                        break;
+                    }
+                }
             }
-            let sent = self
-                .host
-                .send(tx.queue.memory(), &self.chain, &mut self.rx, &self.shared);
-            match sent {
-                Ok(Sent::Taken) => {}
-                Ok(Sent::Dropped) => tx.counters.dropped.add(1),
-                Ok(Sent::Refused(why)) => {
-                    tx.counters.dropped.add(1);
-                    tx.counters.hdr_refused(&why);
-                }
-                Ok(Sent::Later) => {
-                    // No room in rx: leave the frame on tx until the guest posts more.
-                    tx.queue.undo_pop(1);
-                    self.rx.block();
-                    break Ok(());
-                }
-                Ok(Sent::Busy) => {
-                    // The host cannot take it yet: leave it on tx until the host is writable.
-                    tx.queue.undo_pop(1);
-                    tx.counters.host_pushback.add(1);
-                    self.tx_waits_host = true;
-                    break Ok(());
-                }
-                Err(e) => break Err(e),
+            if popped == 0 {
+                break pop_error.map_or(Ok(()), Err);
             }
-            if let Err(e) = tx.queue.add_used(self.chain.head(), 0) {
+            self.sent.clear();
+            if batch > 1 {
+                tx.counters.host_batches.add(1);
+            }
+            let chains = &self.chains[..popped];
+            let sent = self.host.send_batch(
+                tx.queue.memory(),
+                chains,
+                &mut self.rx,
+                &self.shared,
+                &mut self.sent,
+            );
+            for (i, (chain, s)) in chains.iter().zip(&self.sent).enumerate() {
+                match *s {
+                    Sent::Taken => {}
+                    Sent::Dropped => tx.counters.dropped.add(1),
+                    Sent::Refused(why) => {
+                        tx.counters.dropped.add(1);
+                        tx.counters.hdr_refused(&why);
+                    }
+                    Sent::Later | Sent::Busy => {
+                        // Not now: this frame and the ones after it stay on tx, until the
+                        // guest posts rx buffers (Later) or the host is writable (Busy).
+                        tx.queue.undo_pop((popped - i) as u16);
+                        if *s == Sent::Later {
+                            self.rx.block();
+                        } else {
+                            tx.counters.host_pushback.add(1);
+                            self.tx_waits_host = true;
+                        }
+                        break 'turn Ok(());
+                    }
+                }
+                if let Err(e) = tx.queue.add_used(chain.head(), 0) {
+                    break 'turn Err(e);
+                }
+                turn.frames += 1;
+                bytes += chain.readable_len().saturating_sub(hdr_len as u64);
+            }
+            // Frames the port did not try stay on the ring for the next round.
+            let tried = self.sent.len().min(popped);
+            if let Err(e) = sent {
                 break Err(e);
             }
-            turn.frames += 1;
-            bytes += self.chain.readable_len().saturating_sub(hdr_len as u64);
+            if let Some(e) = pop_error {
+                break Err(e);
+            }
+            if tried < popped {
+                tx.queue.undo_pop((popped - tried) as u16);
+            }
         };
         let c = &tx.counters;
         c.packets.add(turn.frames as u64);
@@ -571,9 +609,41 @@ mod tests {
     /// buffer pushes back: EAGAIN once the pipe is full, writable again once it is read.
     struct PipePort {
         pipe: File,
+        /// Batched writes through io_uring, linked as for a TAP with a send-buffer limit.
+        batch: Option<crate::host::batch::BatchWriter>,
+    }
+
+    impl PipePort {
+        fn new(pipe: File, uring: bool) -> PipePort {
+            let batch =
+                uring.then(|| crate::host::batch::BatchWriter::new(pipe.as_fd(), true).unwrap());
+            PipePort { pipe, batch }
+        }
     }
 
     impl Host for PipePort {
+        fn tx_batch(&self) -> usize {
+            if self.batch.is_some() {
+                vring::memory::MAX_URING_BATCH
+            } else {
+                1
+            }
+        }
+
+        fn send_batch(
+            &mut self,
+            mem: &GuestMemory,
+            chains: &[Chain],
+            rx: &mut RxPath,
+            shared: &Shared,
+            sent: &mut Vec<Sent>,
+        ) -> Result<(), RingError> {
+            match self.batch.as_mut() {
+                Some(b) => b.send(mem, chains, sent, |_| Ok(Ok(()))),
+                None => crate::host::send_each(self, mem, chains, rx, shared, sent),
+            }
+        }
+
         fn send(
             &mut self,
             mem: &GuestMemory,
@@ -625,7 +695,7 @@ mod tests {
         s.runtime.tunables.set_busy_poll(BusyPoll::Fixed(1_000_000));
         let wake = vmm_sys_util::eventfd::EventFd::new(libc::EFD_NONBLOCK).unwrap();
         let worker = WorkerHandle::spawn("t-poll-shutdown".into(), wake, move |inbox| {
-            let port = PipePort { pipe: wr };
+            let port = PipePort::new(wr, false);
             Worker::new(0, port, shared, inbox).unwrap().run().unwrap();
         })
         .unwrap();
@@ -659,6 +729,17 @@ mod tests {
 
     #[test]
     fn a_frame_the_host_cannot_take_stays_on_the_ring_and_goes_when_it_can() {
+        frames_wait_on_the_ring_while_the_host_pushes_back(false);
+    }
+
+    #[test]
+    fn a_batch_the_host_cannot_take_stays_on_the_ring_in_order_and_goes_when_it_can() {
+        frames_wait_on_the_ring_while_the_host_pushes_back(true);
+    }
+
+    /// 200 frames into a one-page pipe that the test drains slowly: written by system calls,
+    /// or in io_uring batches (`uring`).
+    fn frames_wait_on_the_ring_while_the_host_pushes_back(uring: bool) {
         const FRAMES: u32 = 200;
         const LEN: u32 = 2000;
         let (mut rd, wr) = pipe();
@@ -673,10 +754,10 @@ mod tests {
             mem.write(addr.addr, &bytes).unwrap();
             driver.add(&[addr], &[], i).unwrap();
         }
-        let name = "t-pushback";
+        let name = if uring { "t-pushback-u" } else { "t-pushback" };
         let wake = vmm_sys_util::eventfd::EventFd::new(libc::EFD_NONBLOCK).unwrap();
         let worker = WorkerHandle::spawn(name.into(), wake, move |inbox| {
-            let port = PipePort { pipe: wr };
+            let port = PipePort::new(wr, uring);
             Worker::new(0, port, shared, inbox).unwrap().run().unwrap();
         })
         .unwrap();
@@ -691,15 +772,16 @@ mod tests {
             testkit::inproc::thread_cpu_ticks(name) <= ticks + 3,
             "the worker spun while the host pushed back"
         );
-        // Read slowly: every frame arrives, in order, none dropped.
+        // Read slowly (a frame's worth, then a pause, so that the worker finds the pipe full
+        // again and again): every frame arrives, in order, none dropped.
         let mut got = Vec::new();
         let deadline = Instant::now() + Duration::from_secs(10);
         while got.len() < (FRAMES * LEN) as usize && Instant::now() < deadline {
-            let mut buf = [0u8; 3000];
-            match rd.read(&mut buf) {
-                Ok(n) => got.extend_from_slice(&buf[..n]),
-                Err(_) => std::thread::sleep(Duration::from_millis(1)),
+            let mut buf = [0u8; LEN as usize];
+            if let Ok(n) = rd.read(&mut buf) {
+                got.extend_from_slice(&buf[..n]);
             }
+            std::thread::sleep(Duration::from_micros(200));
         }
         assert_eq!(got.len(), (FRAMES * LEN) as usize, "frames lost");
         for (i, f) in got.chunks(LEN as usize).enumerate() {

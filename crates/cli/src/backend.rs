@@ -97,6 +97,11 @@ pub struct BackendArgs {
     /// (as QEMU's); a limit costs about 13% per frame written.
     #[arg(long, value_parser = clap::value_parser!(i32).range(1..))]
     tap_sndbuf: Option<i32>,
+    /// How guest tx is written into the TAP: `uring`, a burst of frames per io_uring_enter
+    /// (one writev each, in order; where the kernel refuses io_uring, system calls), or
+    /// `syscalls`, one writev system call per frame.
+    #[arg(long, default_value = "uring")]
+    tap_io: virtnet_backend::TapIo,
     /// Control socket for `virtnet ctl`.
     #[arg(long)]
     ctl: Option<PathBuf>,
@@ -165,6 +170,7 @@ pub fn run(args: BackendArgs) -> Result<(), Box<dyn std::error::Error>> {
         poll_rx_from_tx: !args.no_poll_rx_from_tx,
         worker_cpu: args.worker_cpu,
         tap_sndbuf: args.tap_sndbuf,
+        tap_io: args.tap_io,
         seccomp: sandbox,
     };
     let explicit = args.socket_path.is_some() || args.fd.is_some();

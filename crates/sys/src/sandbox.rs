@@ -23,7 +23,9 @@ use seccompiler::{
 
 /// The system calls a worker makes once running (measured with strace over tx, rx, GSO, the
 /// control queue and reconnections), and those its rare paths need:
-/// - frames and notifications: readv, writev, read, write, preadv2 (eventfds read without
+/// - frames and notifications: readv, writev, io_uring_enter (a TAP's batched tx, through a
+///   ring restricted to WRITEV on that TAP: io_uring's operations bypass seccomp, so the ring
+///   is made unable to do anything else), read, write, preadv2 (eventfds read without
 ///   blocking), poll (is the TAP readable), epoll_wait/epoll_pwait, epoll_ctl (arming the TAP
 ///   and kicks), timerfd_settime (held calls), getrusage (busy polling's yield check), pread64
 ///   (its schedstat check), rt_sigpending (its signal check),
@@ -41,6 +43,7 @@ pub const WORKER_SYSCALLS: &[libc::c_long] = &[
     libc::SYS_write,
     libc::SYS_readv,
     libc::SYS_writev,
+    libc::SYS_io_uring_enter,
     libc::SYS_preadv2,
     libc::SYS_pread64,
     libc::SYS_poll,

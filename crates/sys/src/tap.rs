@@ -266,3 +266,9 @@ impl AsRawFd for TapQueue {
         self.file.as_raw_fd()
     }
 }
+
+impl AsFd for TapQueue {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.file.as_fd()
+    }
+}

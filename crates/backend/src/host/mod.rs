@@ -10,12 +10,14 @@
 //! - [`socket::SocketPort`]: one end of a unix datagram socket, the other end's holder being
 //!   the host side (benchmarks: a peer that answers from its own thread, as a TAP's would).
 
+pub mod batch;
 pub mod echo;
 pub mod null;
 pub mod socket;
 pub mod tap;
 
 use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
 use vring::{Chain, Error as RingError, GuestMemory};
 
@@ -92,6 +94,52 @@ pub(crate) fn deliver_bounced(
     })
 }
 
+/// [`Host::send_batch`] frame by frame, through [`Host::send`].
+pub(crate) fn send_each<H: Host + ?Sized>(
+    host: &mut H,
+    mem: &GuestMemory,
+    chains: &[Chain],
+    rx: &mut RxPath,
+    shared: &Shared,
+    sent: &mut Vec<Sent>,
+) -> Result<(), RingError> {
+    for chain in chains {
+        let s = host.send(mem, chain, rx, shared)?;
+        sent.push(s);
+        if matches!(s, Sent::Later | Sent::Busy) {
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// What became of a frame, from what writing it returned.
+pub(crate) fn tx_outcome(
+    written: Result<std::io::Result<usize>, RingError>,
+) -> Result<Sent, RingError> {
+    match written {
+        Ok(Ok(_)) => Ok(Sent::Taken),
+        // The send buffer is full (or the kernel short of memory): as vhost_net, keep the
+        // frame and wait for the TAP to become writable.
+        Ok(Err(e)) if is_pushback(&e) => Ok(Sent::Busy),
+        Ok(Err(_)) => Ok(Sent::Dropped),
+        // A legal chain that one writev cannot take: drop it whole rather than send a cut
+        // frame, and keep the queue running.
+        Err(RingError::TooManySegments { count, max }) => {
+            static LOGGED: AtomicBool = AtomicBool::new(false);
+            if !LOGGED.swap(true, Relaxed) {
+                tracing::debug!(
+                    count,
+                    max,
+                    "tx chain has too many segments; dropped (logged once)"
+                );
+            }
+            Ok(Sent::Dropped)
+        }
+        Err(e) => Err(e),
+    }
+}
+
 /// A write error that means "not now" rather than "not this frame" (vhost_net's `handle_tx`
 /// treats the same three so): the frame stays on the tx ring.
 pub(crate) fn is_pushback(e: &std::io::Error) -> bool {
@@ -128,6 +176,27 @@ pub trait Host: Send + 'static {
         rx: &mut RxPath,
         shared: &Shared,
     ) -> Result<Sent, RingError>;
+
+    /// How many guest tx frames [`Host::send_batch`] takes at once (1: frame by frame).
+    fn tx_batch(&self) -> usize {
+        1
+    }
+
+    /// Passes the guest tx frames of `chains` to the host, in order, and pushes what became
+    /// of each into `sent`. It may stop early: the frames after the last outcome pushed stay
+    /// on the tx ring, as does a frame whose outcome is [`Sent::Later`] or [`Sent::Busy`],
+    /// which ends the batch. On an error, the outcomes pushed are those of the frames before
+    /// the one the error is about. By default, [`Host::send`] for each frame.
+    fn send_batch(
+        &mut self,
+        mem: &GuestMemory,
+        chains: &[Chain],
+        rx: &mut RxPath,
+        shared: &Shared,
+        sent: &mut Vec<Sent>,
+    ) -> Result<(), RingError> {
+        send_each(self, mem, chains, rx, shared, sent)
+    }
 
     /// Puts host frames into guest rx, at most `room` of them. Zero frames: nothing more
     /// for now. The caller has checked that rx is usable.

@@ -3,23 +3,26 @@
 //!
 //! tx checks each frame's virtio-net header against the negotiated features and the frame
 //! (a header a driver must not send is dropped and counted by reason), then writes the frame
-//! straight from guest memory (one writev); a chain of more segments than one writev takes is
-//! dropped and counted, never cut short. A frame the TAP cannot take yet (its send buffer is
-//! full) stays on the tx ring until the TAP is writable again.
+//! straight from guest memory, one writev per frame: a system call each
+//! ([`TapIo::Syscalls`]), or a burst of up to 64 frames submitted with one `io_uring_enter`
+//! ([`TapIo::Uring`], `vring::UringWriter`). A chain of more segments than one writev takes
+//! is dropped and counted, never cut short. A frame the TAP cannot take yet (its send buffer
+//! is full) stays on the tx ring, with the frames after it, until the TAP is writable again.
 //!
 //! rx reads each frame with one readv straight into the guest's buffers, once the guest has
 //! posted enough for the largest frame the negotiated offloads allow (`RxPath::receive_direct`).
 //! When it has not, the frame is read into a bounce buffer and copied; one that does not fit
 //! the posted buffers waits here, as vhost_net leaves it queued, until the guest posts more.
 
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, RawFd};
 
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::atomic::Ordering::Relaxed;
 
 use vnet::{feature, NetHdr, TxHdrError};
 use vring::{Chain, Error as RingError, Features, GuestMemory};
 
-use super::{deliver_bounced, is_pushback, Host, Received, Sent};
+use super::batch::BatchWriter;
+use super::{deliver_bounced, send_each, tx_outcome, Host, Received, Sent};
 use crate::rx::{Direct, RxPath};
 use crate::shared::Shared;
 use virtnet_sys::tap::TapQueue;
@@ -27,9 +30,33 @@ use virtnet_sys::tap::TapQueue;
 /// The largest frame the rx path reads: a 64 KiB GSO frame and its header.
 pub(crate) const MAX_RX_FRAME: usize = 65536 + vnet::HDR_LEN + 14 + 4;
 
+/// How guest tx frames are written into the TAP.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum TapIo {
+    /// One `writev` system call per frame.
+    Syscalls,
+    /// A burst of up to 64 frames per `io_uring_enter` (one writev each, in order); where the
+    /// kernel has no usable io_uring, the port falls back to `Syscalls`.
+    #[default]
+    Uring,
+}
+
+impl std::str::FromStr for TapIo {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "syscalls" => Ok(TapIo::Syscalls),
+            "uring" => Ok(TapIo::Uring),
+            _ => Err(format!("expected syscalls or uring, not {s:?}")),
+        }
+    }
+}
+
 #[derive(Debug)]
 pub struct TapPort {
     tap: TapQueue,
+    /// Batched tx ([`TapIo::Uring`]); None: one writev system call per frame.
+    batch: Option<BatchWriter>,
     /// A frame read from the TAP (its length in `bounce`) that did not fit the posted rx
     /// buffers: it goes first once the guest posts more.
     pending: Option<usize>,
@@ -39,9 +66,25 @@ pub struct TapPort {
 }
 
 impl TapPort {
-    pub fn new(tap: TapQueue) -> TapPort {
+    /// A port on `tap`, writing guest tx as `io` says (or with system calls, where io_uring
+    /// cannot be set up: logged). `pushback`: the TAP has a send-buffer limit, so that a
+    /// write may find it full; a batch then stops at such a frame (linked writes), so that it
+    /// and the frames after it wait on the ring, in order. Without a limit Linux builds each
+    /// frame in place and never says EAGAIN, and the writes go unlinked, which is cheaper.
+    pub fn new(tap: TapQueue, io: TapIo, pushback: bool) -> TapPort {
+        let batch = match io {
+            TapIo::Syscalls => None,
+            TapIo::Uring => match BatchWriter::new(tap.as_fd(), pushback) {
+                Ok(w) => Some(w),
+                Err(e) => {
+                    tracing::warn!(error = %e, "io_uring unavailable: TAP tx by system calls");
+                    None
+                }
+            },
+        };
         TapPort {
             tap,
+            batch,
             pending: None,
             bounce: vec![0u8; MAX_RX_FRAME],
         }
@@ -109,27 +152,36 @@ impl Host for TapPort {
         if let Err(why) = check_header(mem, chain, features)? {
             return Ok(Sent::Refused(why));
         }
-        match self.tap.write_frame(mem, chain.readable()) {
-            Ok(Ok(_)) => Ok(Sent::Taken),
-            // The send buffer is full (or the kernel short of memory): as vhost_net, keep the
-            // frame and wait for the TAP to become writable.
-            Ok(Err(e)) if is_pushback(&e) => Ok(Sent::Busy),
-            Ok(Err(_)) => Ok(Sent::Dropped),
-            // A legal chain that one writev cannot take: drop it whole rather than send a cut
-            // frame, and keep the queue running.
-            Err(RingError::TooManySegments { count, max }) => {
-                static LOGGED: AtomicBool = AtomicBool::new(false);
-                if !LOGGED.swap(true, Relaxed) {
-                    tracing::debug!(
-                        count,
-                        max,
-                        "tx chain has too many segments; dropped (logged once)"
-                    );
-                }
-                Ok(Sent::Dropped)
-            }
-            Err(e) => Err(e),
+        tx_outcome(self.tap.write_frame(mem, chain.readable()))
+    }
+
+    fn tx_batch(&self) -> usize {
+        match &self.batch {
+            Some(_) => vring::memory::MAX_URING_BATCH,
+            None => 1,
         }
+    }
+
+    fn send_batch(
+        &mut self,
+        mem: &GuestMemory,
+        chains: &[Chain],
+        rx: &mut RxPath,
+        shared: &Shared,
+        sent: &mut Vec<Sent>,
+    ) -> Result<(), RingError> {
+        let Some(batch) = self.batch.as_mut() else {
+            return send_each(self, mem, chains, rx, shared, sent);
+        };
+        // The kernel's virtio_net_hdr_to_skb trusts the header: check it first.
+        let features = Features(shared.features.load(Relaxed));
+        let r = batch.send(mem, chains, sent, |c| check_header(mem, c, features));
+        if batch.is_dead() {
+            // The frames it did not write go by system calls.
+            tracing::warn!("io_uring failed: TAP tx by system calls from now on");
+            self.batch = None;
+        }
+        r
     }
 
     fn receive(

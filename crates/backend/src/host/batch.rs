@@ -1,0 +1,106 @@
+//! Guest tx frames written in bursts: one `io_uring_enter` for up to 64 frames, each its own
+//! writev straight from guest memory (`vring::UringWriter`), and the outcome of each frame
+//! as the worker needs it ([`Sent`]), in order.
+//!
+//! Ports whose fd takes one frame per write (a TAP) use it for [`super::Host::send_batch`].
+
+use std::io;
+use std::os::fd::BorrowedFd;
+
+use vnet::TxHdrError;
+use vring::memory::FrameResult;
+use vring::{Chain, Error as RingError, GuestMemory, UringWriter};
+
+use super::{tx_outcome, Sent};
+
+/// Batched writes to one fd, and the scratch space of a batch.
+#[derive(Debug)]
+pub struct BatchWriter {
+    uring: UringWriter,
+    /// The chains of the batch that were written (by index), and their results.
+    written: Vec<usize>,
+    results: Vec<FrameResult>,
+}
+
+impl BatchWriter {
+    /// Writes to `fd`. `pushback`: the fd may say it is full, and a batch then stops at the
+    /// frame that found it so (linked writes), so that it and the frames after it wait on the
+    /// ring in order. Without, writes are unlinked, which costs less.
+    pub fn new(fd: BorrowedFd<'_>, pushback: bool) -> io::Result<BatchWriter> {
+        Ok(BatchWriter {
+            uring: UringWriter::new(fd, pushback)?,
+            written: Vec::with_capacity(vring::memory::MAX_URING_BATCH),
+            results: Vec::with_capacity(vring::memory::MAX_URING_BATCH),
+        })
+    }
+
+    /// Whether the ring failed: the caller writes with system calls from then on.
+    pub fn is_dead(&self) -> bool {
+        self.uring.is_dead()
+    }
+
+    /// Writes the frames of `chains` that `check` passes, in order, and pushes what became of
+    /// each chain into `sent`, as [`super::Host::send_batch`] does (a frame `check` refuses
+    /// is not written, and its outcome keeps its place). `check`'s outer error is a ring error
+    /// about that chain; the batch ends before it.
+    pub fn send(
+        &mut self,
+        mem: &GuestMemory,
+        chains: &[Chain],
+        sent: &mut Vec<Sent>,
+        mut check: impl FnMut(&Chain) -> Result<Result<(), TxHdrError>, RingError>,
+    ) -> Result<(), RingError> {
+        let first = sent.len();
+        let mut error = None;
+        self.written.clear();
+        for (i, c) in chains.iter().enumerate() {
+            match check(c) {
+                Ok(Ok(())) => {
+                    self.written.push(i);
+                    sent.push(Sent::Taken);
+                }
+                Ok(Err(why)) => sent.push(Sent::Refused(why)),
+                Err(e) => {
+                    error = Some(e);
+                    break;
+                }
+            }
+        }
+        self.results.clear();
+        let frames = self.written.iter().map(|&i| chains[i].readable());
+        if let Err(e) = mem.writev_batch(&mut self.uring, frames, &mut self.results) {
+            // `results` still says what became of the frames it wrote.
+            tracing::warn!(error = %e, "io_uring failed");
+        }
+        // Each frame written has its outcome; the first one not tried ends the batch there.
+        let mut end = sent.len();
+        for (k, &i) in self.written.iter().enumerate() {
+            let Some(r) = self.results.get_mut(k) else {
+                end = first + i;
+                break;
+            };
+            let r = std::mem::replace(r, Ok(Ok(0)));
+            let later_taken = || self.results[k + 1..].iter().any(|r| matches!(r, Ok(Ok(_))));
+            match tx_outcome(r) {
+                // Unlinked writes (the fd never pushes back but for a failed allocation): a
+                // frame after this one went out, so this one cannot wait on the ring for its
+                // turn. Dropped and counted.
+                Ok(Sent::Busy) if later_taken() => sent[first + i] = Sent::Dropped,
+                Ok(s) => {
+                    sent[first + i] = s;
+                    if matches!(s, Sent::Busy) {
+                        end = first + i + 1;
+                        break;
+                    }
+                }
+                Err(e) => {
+                    end = first + i;
+                    error = Some(e);
+                    break;
+                }
+            }
+        }
+        sent.truncate(end);
+        error.map_or(Ok(()), Err)
+    }
+}
