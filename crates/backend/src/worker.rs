@@ -360,6 +360,11 @@ impl<H: Host> Worker<H> {
             }
             if tried < popped {
                 tx.queue.undo_pop((popped - tried) as u16);
+                if tried == 0 {
+                    // The port took none (its ring failed, say): try again next turn rather
+                    // than spin here.
+                    break Ok(());
+                }
             }
         };
         let c = &tx.counters;
