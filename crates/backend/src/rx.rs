@@ -318,10 +318,15 @@ impl RxPath {
             write_at(rx.queue.memory(), &self.segs, at, &count)?;
         }
         let mut left = n as u64;
-        for _ in 0..used {
+        for i in 0..used {
             let c = self.posted.pop_front().expect("counted above");
             let take = left.min(c.writable_len());
-            rx.queue.add_used_written(&c, take as u32)?;
+            // The frame's buffers are published together (spec 5.1.6.4.2).
+            if i + 1 < used {
+                rx.queue.add_used_written_part(&c, take as u32)?;
+            } else {
+                rx.queue.add_used_written(&c, take as u32)?;
+            }
             left -= take;
             self.posted_bytes = self.posted_bytes.saturating_sub(c.writable_len());
             self.spare.push(c);
@@ -476,10 +481,15 @@ fn deliver(
     // No Arc clone of the memory here: its locked refcount update would wait for this frame's
     // stores to shared memory to drain, once per frame (measured: most of the rx path's time).
     let mut rest: &[u8] = frame;
-    for c in &chains[..used] {
+    for (i, c) in chains[..used].iter().enumerate() {
         let n = write_chain(rx.queue.memory(), c, rest)?;
         rest = &rest[n..];
-        rx.queue.add_used_written(c, n as u32)?;
+        // The frame's buffers are published together (spec 5.1.6.4.2).
+        if i + 1 < used {
+            rx.queue.add_used_written_part(c, n as u32)?;
+        } else {
+            rx.queue.add_used_written(c, n as u32)?;
+        }
     }
     Ok(Delivery::Delivered)
 }

@@ -175,6 +175,20 @@ impl DeviceQueue {
         self.add_used(chain.head(), len)
     }
 
+    /// [`DeviceQueue::add_used_written`] for a buffer of a frame that is not its last: this
+    /// one never publishes `used.idx`, even with the batch full, so that the driver sees the
+    /// frame's buffers used together (spec 5.1.6.4.2: a device MUST use all buffers of a
+    /// receive packet together, so that at least `num_buffers` are observed as used). Adding
+    /// the frame's last buffer with `add_used_written` publishes them all if the batch is
+    /// full by then.
+    #[inline]
+    pub fn add_used_written_part(&mut self, chain: &Chain, len: u32) -> Result<(), Error> {
+        self.broken.check()?;
+        self.log_write(chain.writable(), len as u64);
+        self.write_used(chain.head(), len);
+        Ok(())
+    }
+
     /// Marks `len` bytes at `offset` into the used ring in the dirty log.
     #[cold]
     fn log_used(&self, offset: u64, len: u64) {
@@ -275,14 +289,20 @@ impl DeviceQueue {
     #[inline]
     pub fn add_used(&mut self, head: u16, len: u32) -> Result<(), Error> {
         self.broken.check()?;
-        self.rings
-            .set_used_elem(self.next_used & self.mask, head as u32, len);
-        self.next_used = self.next_used.wrapping_add(1);
-        self.stats.used += 1;
+        self.write_used(head, len);
         if self.next_used.wrapping_sub(self.published_used) >= self.batch {
             self.flush();
         }
         Ok(())
+    }
+
+    /// Writes the next used element, unpublished.
+    #[inline]
+    fn write_used(&mut self, head: u16, len: u32) {
+        self.rings
+            .set_used_elem(self.next_used & self.mask, head as u32, len);
+        self.next_used = self.next_used.wrapping_add(1);
+        self.stats.used += 1;
     }
 
     /// Publishes the used elements written so far with one store of `used.idx`. Call it
@@ -523,6 +543,36 @@ mod tests {
         for i in 0..200 {
             assert_eq!(p.driver.get_used().unwrap().unwrap().0, i);
         }
+    }
+
+    #[test]
+    fn a_frames_buffers_are_published_together_across_a_full_batch() {
+        let mut p = pair(16, Features::EMPTY);
+        p.device.set_used_batch(4);
+        for i in 0..8 {
+            p.driver.add(&[], &[buf(i, 100)], i as u32).unwrap();
+        }
+        let chains: Vec<Chain> = (0..8).map(|_| p.device.pop().unwrap().unwrap()).collect();
+        // One buffer, then a frame of six: the batch fills at its third buffer, and nothing
+        // is published until its last.
+        p.device.add_used_written(&chains[0], 100).unwrap();
+        for c in &chains[1..6] {
+            p.device.add_used_written_part(c, 100).unwrap();
+            assert_eq!(p.device.stats().used_idx_stores, 0);
+        }
+        p.device.add_used_written(&chains[6], 50).unwrap();
+        assert_eq!(p.device.stats().used_idx_stores, 1);
+        assert_eq!(p.device.stats().used, 7);
+        let mut got = Vec::new();
+        while let Some((t, len)) = p.driver.get_used().unwrap() {
+            got.push((t, len));
+        }
+        assert_eq!(got.len(), 7, "the whole frame at once");
+        assert_eq!(got[6], (6, 50));
+        // A broken queue takes no part either.
+        p.set_avail_idx(100);
+        assert!(p.device.pop().is_err());
+        assert!(p.device.add_used_written_part(&chains[7], 1).is_err());
     }
 
     #[test]
