@@ -29,8 +29,15 @@
 #              --tap-io uring (up to 64 writev per io_uring_enter, the default) against
 #              --tap-io syscalls (one writev system call per frame), guest -> host, 64 and
 #              1500 B, counted at the TAP;
+#   --tcp-rx   also host → guest TCP with offloads: a sender (python3) in the namespace
+#              streams to `virtnet gen --mode tcp-sink --busy-poll` (198.18.0.1) through our
+#              backend, which negotiates GUEST_TSO4 so the TAP passes the stack's super-frames
+#              whole; Gbit/s at the sender and at the TAP (tx_bytes: what the device read),
+#              whether the sink got every byte in order, and for scale the same sender into a
+#              receiver over the namespace's loopback on the same two CPUs (no device). The
+#              sender runs on DEV_CPU, beside the device: gen busy polls GUEST_CPU;
 #   --no-compare  only the parts asked for with --ceiling / --offload / --zero-loss /
-#              --tap-io-ab.
+#              --tap-io-ab / --tcp-rx.
 #
 # CPUs: the device on DEV_CPU (0), the guest (and virtnet gen) on GUEST_CPU (1), trafgen on
 # the CPU the device does not use, GEN_CPU (GUEST_CPU), where it shares the CPU with the
@@ -40,7 +47,8 @@
 # /tmp/vnt-tap-logs.
 #
 # Usage: scripts/tap-compare.sh [--rounds N] [--seconds S] [--busy-poll-us US]
-#                               [--ceiling] [--offload] [--zero-loss S] [--no-compare]
+#                               [--ceiling] [--offload] [--zero-loss S] [--tap-io-ab]
+#                               [--tcp-rx] [--no-compare]
 # Needs root; installs dpdk-dev and netsniff-ng (trafgen) when missing. Prints Markdown.
 set -euo pipefail
 
@@ -52,6 +60,7 @@ ceiling=0
 offload=0
 zero_loss=0
 tap_io_ab=0
+tcp_rx=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --rounds) rounds=$2; shift 2 ;;
@@ -61,6 +70,7 @@ while [ $# -gt 0 ]; do
     --offload) offload=1; shift ;;
     --zero-loss) zero_loss=$2; shift 2 ;;
     --tap-io-ab) tap_io_ab=1; shift ;;
+    --tcp-rx) tcp_rx=1; shift ;;
     --no-compare) compare=0; shift ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
@@ -84,6 +94,7 @@ if [ "$ceiling" = 1 ]; then
   command -v cc >/dev/null || missing+=(gcc)
   [ -e /usr/include/liburing.h ] || missing+=(liburing-dev)
 fi
+[ "$tcp_rx" = 1 ] && ! command -v python3 >/dev/null && missing+=(python3)
 if [ ${#missing[@]} -gt 0 ]; then
   apt-get update >&2 && apt-get install -y --no-install-recommends "${missing[@]}" >&2
 fi
@@ -364,6 +375,80 @@ run_offload() { # proto
   pids=()
 }
 
+# The TCP sender and the loopback receiver of --tcp-rx.
+tcp_py() {
+  cat >"$work/tcp.py" <<'PY'
+import socket, sys, time
+if sys.argv[1] == "send":  # send HOST SECONDS: prints "bytes Gbit/s"
+    s = socket.create_connection((sys.argv[2], 5201), timeout=10)
+    buf, n = b"\xab" * (1 << 20), 0
+    t0 = time.time()
+    end = t0 + float(sys.argv[3])
+    while time.time() < end:
+        n += s.send(buf)
+    dt = time.time() - t0
+    s.shutdown(socket.SHUT_WR)
+    s.settimeout(3)
+    try:
+        s.recv(16)
+    except OSError:
+        pass
+    print(n, "%.3f" % (n * 8 / dt / 1e9))
+else:  # recv: one connection on 127.0.0.1:5201, read to its end
+    l = socket.socket()
+    l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    l.bind(("127.0.0.1", 5201))
+    l.listen(1)
+    c, _ = l.accept()
+    buf = bytearray(1 << 20)
+    while c.recv_into(buf):
+        pass
+PY
+}
+
+# A TCP stream from the namespace into `virtnet gen --mode tcp-sink` through our backend;
+# writes "Gbit/s-at-sender Gbit/s-at-TAP all-in-order" to $work/result.
+run_tcp_rx() {
+  local sock=$work/s.sock
+  rm -f "$sock"
+  device_virtnet "$sock"
+  local dev=${pids[-1]}
+  wait_for "the device's socket" test -S "$sock"
+  taskset -c "$guest_cpu" "$virtnet" gen --socket "$sock" --mode tcp-sink --busy-poll \
+    --duration $((seconds + 3)) >"$work/gen.log" 2>&1 &
+  pids+=($!)
+  local gen=${pids[-1]}
+  sleep 1
+  ip netns exec "$ns" taskset -c "$dev_cpu" python3 "$work/tcp.py" send 198.18.0.1 "$seconds" \
+    >"$work/sender.log" 2>&1 &
+  pids+=($!)
+  local sender=${pids[-1]}
+  sample_tap "$our_tap" "$work/tap.rates" tx_bytes
+  wait "$sender" 2>/dev/null || true
+  wait "$gen" 2>/dev/null || true
+  local sent gbps got whole=no
+  read -r sent gbps <"$work/sender.log" || true
+  got=$(grep -o '[0-9]* bytes in order' "$work/gen.log" | awk '{print $1}')
+  [ -n "$sent" ] && [ "$sent" = "${got:-}" ] && grep -q ' 0 out of order' "$work/gen.log" &&
+    whole=yes
+  echo "${gbps:-0} $(scaled_median "$work/tap.rates" 1.25e8) $whole" >"$work/result"
+  stop_pid "$dev" TERM
+  pids=()
+}
+
+# The same sender into a receiver over the namespace's loopback; writes its Gbit/s.
+run_tcp_loopback() {
+  ip netns exec "$ns" taskset -c "$guest_cpu" python3 "$work/tcp.py" recv &
+  pids+=($!)
+  local recv=${pids[-1]}
+  sleep 0.5
+  ip netns exec "$ns" taskset -c "$dev_cpu" python3 "$work/tcp.py" send 127.0.0.1 "$seconds" \
+    >"$work/sender.log" 2>&1 || true
+  wait "$recv" 2>/dev/null || true
+  pids=()
+  awk '{print $2}' "$work/sender.log" >"$work/result"
+}
+
 pick() { # median|max|min values...
   local how=$1; shift
   printf '%s\n' "$@" | sort -n | awk -v how="$how" '{v[NR]=$1}
@@ -482,6 +567,28 @@ if [ "$offload" = 1 ]; then
     [ -n "${ceil[$key]:-}" ] && vs=$(ratio "$m" "${ceil[$key]}")
     echo "| $what | $m (${t[*]}) | $(pick max "${t[@]}") | $(pick min "${t[@]}") | ${g[*]} | $vs |"
   done
+  echo
+fi
+
+if [ "$tcp_rx" = 1 ]; then
+  tcp_py
+  in_ns ip addr add 198.18.0.2/24 dev "$our_tap"
+  in_ns ip neigh add 198.18.0.1 lladdr "$guest_mac" dev "$our_tap" nud permanent
+  s=(); t=(); w=(); l=()
+  for _ in $(seq "$rounds"); do
+    run_tcp_rx
+    read -r a b c <"$work/result"; s+=("$a"); t+=("$b"); w+=("$c")
+    run_tcp_loopback
+    l+=("$(cat "$work/result")")
+  done
+  # The address only for this part: testpmd's txonly frames go to 198.18.0.2.
+  in_ns ip neigh del 198.18.0.1 dev "$our_tap"
+  in_ns ip addr del 198.18.0.2/24 dev "$our_tap"
+  m=$(pick median "${s[@]}")
+  lm=$(pick median "${l[@]}")
+  echo "| host → guest TCP stream | Gbit/s at the sender: median (each run) | Gbit/s at the TAP (each run) | every byte in order at the sink (each run) | loopback TCP, same CPUs: Gbit/s (each run) | device / loopback (medians) |"
+  echo "|---|---|---|---|---|---|"
+  echo "| python3 sender → TAP → virtnet backend → virtnet gen --mode tcp-sink | $m (${s[*]}) | $(pick median "${t[@]}") (${t[*]}) | ${w[*]} | $lm (${l[*]}) | $(ratio "$m" "$lm") |"
   echo
 fi
 

@@ -15,9 +15,12 @@ pub struct GenArgs {
     /// The backend's vhost-user socket.
     #[arg(long)]
     socket: PathBuf,
-    /// txonly, rxonly, io (both at once), rr (round trips through an echoing backend) or
+    /// txonly, rxonly, io (both at once), rr (round trips through an echoing backend),
     /// window (a window of frames, then wait for the host side's ack before the next: a
-    /// backend whose host side acknowledges, as `virtnet bench` experiment 4b's peer does).
+    /// backend whose host side acknowledges, as `virtnet bench` experiment 4b's peer does) or
+    /// tcp-sink (the receiving end of TCP connections to 198.18.0.1 from the host side,
+    /// acknowledging what arrives in order, from the device's MAC address and with no ARP; asks
+    /// for GUEST_TSO4, so a TAP passes the sender's super-frames whole).
     #[arg(long, default_value = "txonly")]
     mode: Mode,
     /// With --mode window: frames per window, at most --queue-size.

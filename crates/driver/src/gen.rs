@@ -29,6 +29,7 @@ use crate::offload::TxOffloads;
 use crate::{DriverConfig, DriverError, NetDriver, TxPolicy, DEFAULT_FEATURES};
 pub mod frames;
 mod histogram;
+pub mod tcp_sink;
 pub mod window;
 mod worker;
 
@@ -46,6 +47,9 @@ pub enum Mode {
     Rr,
     /// A window of frames, then wait for the host side's ack ([`window`]).
     Window,
+    /// The receiving end of TCP connections from the host side ([`tcp_sink`]).
+    #[serde(rename = "tcp-sink")]
+    TcpSink,
 }
 
 impl std::str::FromStr for Mode {
@@ -57,8 +61,9 @@ impl std::str::FromStr for Mode {
             "io" => Ok(Mode::Io),
             "rr" => Ok(Mode::Rr),
             "window" => Ok(Mode::Window),
+            "tcp-sink" => Ok(Mode::TcpSink),
             _ => Err(format!(
-                "unknown mode {s:?} (txonly, rxonly, io, rr or window)"
+                "unknown mode {s:?} (txonly, rxonly, io, rr, window or tcp-sink)"
             )),
         }
     }
@@ -287,6 +292,8 @@ pub struct PairReport {
     pub round_trips: u64,
     /// Window: windows sent.
     pub windows: u64,
+    /// tcp-sink: what the sink saw and answered.
+    pub tcp: tcp_sink::SinkCounts,
     /// rr: frames that never came back within the loss timeout; window: windows that were not
     /// acknowledged within it.
     pub lost: u64,
@@ -353,6 +360,10 @@ fn wanted_features(config: &GenConfig) -> Features {
     };
     if !config.in_order {
         f = f.difference(Features::IN_ORDER);
+    }
+    if config.mode == Mode::TcpSink {
+        // The host side's super-frames come whole (the sink reads no checksum).
+        f = f | feature::GUEST_CSUM | feature::GUEST_TSO4;
     }
     if let Some(g) = config.gso {
         f = f | feature::CSUM;
@@ -489,6 +500,7 @@ struct PairEnd {
     /// rr frames or windows lost, and windows sent.
     lost: u64,
     windows: u64,
+    tcp: tcp_sink::SinkCounts,
 }
 
 /// What a session leaves when it ends.
@@ -537,7 +549,12 @@ impl Session {
             }
         }
         let dst = driver.mac().unwrap_or([0x02, 0, 0, 0, 0, 0x02]);
-        let src = [0x02, 0, 0, 0, 0, 0x01];
+        // Frames go out from 02:00:00:00:00:01; the TCP sink answers as a guest would, from
+        // the address the device gives (config space `mac`) where it gives one.
+        let src = match (config.mode, driver.mac()) {
+            (Mode::TcpSink, Some(mac)) => mac,
+            _ => [0x02, 0, 0, 0, 0, 0x01],
+        };
         let offloads = TxOffloads::from_features(features);
         let mtu = driver.mtu().unwrap_or(1500);
         let (frame, hdr, gso) = tx_frame(config, dst, src, offloads, mtu)?;
@@ -625,6 +642,7 @@ impl Session {
                 cpu_ns: r.cpu_ns,
                 lost: r.lost,
                 windows: r.windows,
+                tcp: r.tcp,
             });
         }
         end.ctrl = self.driver.ctrl().map(|c| c.counters());
@@ -685,6 +703,7 @@ pub fn run(config: &GenConfig, on_second: &mut dyn FnMut(&Rates)) -> Result<GenR
             p.cpu_s += e.cpu_ns as f64 / 1e9;
             p.lost += e.lost;
             p.windows += e.windows;
+            p.tcp.add(&e.tcp);
         }
         hist.merge(&end.histogram);
         ctrl = end.ctrl.or(ctrl);
@@ -931,6 +950,15 @@ impl GenReport {
                         p.windows, self.config.window, p.round_trips, p.lost
                     );
                 }
+                Mode::TcpSink => {
+                    let t = &p.tcp;
+                    let _ = write!(
+                        o,
+                        "  tcp: {} connections, {} segments, {} bytes in order, {} out of order, \
+                         {} replies, {} frames ignored",
+                        t.connections, t.segments, t.bytes, t.out_of_order, t.replies, t.ignored
+                    );
+                }
                 _ => {}
             }
             let _ = writeln!(o);
@@ -1007,6 +1035,7 @@ mod tests {
     fn modes_parse() {
         assert_eq!("rr".parse::<Mode>(), Ok(Mode::Rr));
         assert_eq!("window".parse::<Mode>(), Ok(Mode::Window));
+        assert_eq!("tcp-sink".parse::<Mode>(), Ok(Mode::TcpSink));
         assert!("bogus".parse::<Mode>().is_err());
     }
 

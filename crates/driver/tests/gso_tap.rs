@@ -653,3 +653,110 @@ fn gen_asks_for_uso_and_refuses_a_device_without_it() {
         );
     }
 }
+
+#[test]
+fn gen_tcp_sink_takes_a_host_tcp_stream_in_super_frames_through_our_backend() {
+    // Host → guest with offloads: a TCP sender in the TAP's namespace streams to gen's
+    // address; its stack hands the TAP super-frames (GUEST_TSO4 is negotiated, so the backend
+    // lets the TAP pass them whole) that span dozens of mergeable buffers each, more than the
+    // backend's used batch, so every frame's buffers must be published together.
+    const TEST: &str = "gso_tap::tcp_sink";
+    const BYTES: usize = 48 << 20;
+    if skip_unless_root(TEST) {
+        return;
+    }
+    let ns = NetNs::create("tcpsink").expect("network namespace");
+    let tap = TapSpec {
+        address: "198.18.0.2/24".into(),
+        ..TapSpec::for_backend()
+    };
+    ns.add_tap(&tap).expect("TAP in the namespace");
+    let sink_ip = std::net::Ipv4Addr::from(gen::tcp_sink::ADDR);
+    // The sink answers from the device's address, and no ARP.
+    let mac = BackendConfig::default()
+        .mac
+        .map(|b| format!("{b:02x}"))
+        .join(":");
+    ns.exec(&[
+        "ip",
+        "neigh",
+        "add",
+        &sink_ip.to_string(),
+        "lladdr",
+        &mac,
+        "dev",
+        &tap.name,
+        "nud",
+        "permanent",
+    ])
+    .expect("the sink's address resolves");
+    let b = std::thread::scope(|s| {
+        s.spawn(|| {
+            ns.enter_this_thread().expect("entering the namespace");
+            start_backend(
+                "tcp-sink",
+                BackendConfig {
+                    io: IoMode::Tap(tap.name.clone()),
+                    ..Default::default()
+                },
+            )
+        })
+        .join()
+        .unwrap()
+    });
+    let cfg = GenConfig {
+        socket: b.socket.clone(),
+        mode: Mode::TcpSink,
+        duration: Duration::from_secs(6),
+        // Polling, the driver looks at the ring while the backend writes a frame into it.
+        busy_poll: true,
+        ..Default::default()
+    };
+    let (report, sent) = std::thread::scope(|s| {
+        let gen = s.spawn(|| gen::run(&cfg, &mut |_| {}));
+        let sender = s.spawn(|| -> io::Result<usize> {
+            use std::io::{Read, Write};
+            ns.enter_this_thread().map_err(io::Error::other)?;
+            let to = std::net::SocketAddr::from((sink_ip, 5201));
+            let deadline = Instant::now() + Duration::from_secs(3);
+            let mut c = loop {
+                match std::net::TcpStream::connect_timeout(&to, Duration::from_millis(500)) {
+                    Ok(c) => break c,
+                    Err(e) if Instant::now() >= deadline => return Err(e),
+                    Err(_) => std::thread::sleep(Duration::from_millis(100)),
+                }
+            };
+            // A stream that stalls fails the test instead of waiting out TCP's retries.
+            c.set_write_timeout(Some(Duration::from_secs(5)))?;
+            let chunk: Vec<u8> = (0..1 << 20).map(pattern).collect();
+            let mut sent = 0;
+            while sent < BYTES {
+                c.write_all(&chunk)?;
+                sent += chunk.len();
+            }
+            // Our FIN, then theirs: the sink answers a FIN with FIN-ACK.
+            c.shutdown(std::net::Shutdown::Write)?;
+            c.set_read_timeout(Some(Duration::from_secs(2)))?;
+            assert_eq!(c.read(&mut [0u8; 16])?, 0, "the sink closes its side");
+            Ok(sent)
+        });
+        (gen.join().unwrap(), sender.join().unwrap())
+    });
+    let sent = sent.expect("the stream");
+    let r = report.expect("gen tcp-sink");
+    let p = &r.per_pair[0];
+    let t = p.tcp;
+    assert_eq!(t.connections, 1, "{t:?}");
+    assert_eq!(t.bytes, sent as u64, "every byte, in order: {t:?}");
+    assert_eq!(t.out_of_order, 0, "{t:?}");
+    assert_eq!(p.rx.dropped, 0, "no frame cut short: {:?}", p.rx);
+    // Super-frames, not MSS-sized segments: on average several segments' worth each.
+    assert!(
+        t.bytes / t.segments > 4 * 1460,
+        "{} bytes in {} segments",
+        t.bytes,
+        t.segments
+    );
+    let rx = b.device.reports()[0].counters.clone();
+    assert_eq!(rx.dropped, 0, "the backend dropped nothing: {rx:?}");
+}

@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 
 use vnet::NetHdr;
 
+use super::tcp_sink::{SinkCounts, TcpSink};
 use super::{window, GenConfig, Histogram, Mode};
 use crate::{Count, DriverError, Frames, PollMode, QueuePair};
 
@@ -15,6 +16,8 @@ pub(super) struct WorkerResult {
     pub lost: u64,
     /// Window mode: windows sent.
     pub windows: u64,
+    /// tcp-sink mode: what the sink counted.
+    pub tcp: SinkCounts,
 }
 
 /// How long an rr frame may take before it counts as lost.
@@ -44,6 +47,7 @@ pub(super) fn worker(
     let mut histogram = Histogram::default();
     let mut lost_frames = 0;
     let mut windows = 0;
+    let mut tcp = SinkCounts::default();
     let started = Instant::now();
     let mode = if cfg.busy_poll {
         PollMode::Busy
@@ -187,6 +191,31 @@ pub(super) fn worker(
                 }
             }
         }
+        Mode::TcpSink => {
+            // Our address is the one our frames come from.
+            let mut mac = [0u8; 6];
+            mac.copy_from_slice(&frame[6..12]);
+            let mut sink = TcpSink::new(mac);
+            let mut replies = Vec::new();
+            'sink: while !stop.load(Relaxed) {
+                let n =
+                    p.rx.poll(RX_BUDGET, mode, Frames(|f: &[u8]| sink.on_frame(f)))?;
+                sink.take_replies(&mut replies);
+                for r in replies.drain(..) {
+                    while !p.tx.send(&r, NetHdr::default())? {
+                        if stop.load(Relaxed) {
+                            break 'sink;
+                        }
+                        wait_tx(&mut p, cfg)?;
+                    }
+                }
+                p.tx.flush();
+                if n < RX_BUDGET && !cfg.busy_poll && !spin_rx(&mut p, cfg.spin)? {
+                    p.rx.wait(IDLE_WAIT_MS);
+                }
+            }
+            tcp = sink.counts();
+        }
     }
     if lost.load(Relaxed) {
         // What the device completed or filled before it went is in our memory: take it, so
@@ -203,6 +232,7 @@ pub(super) fn worker(
             cpu_ns: virtnet_sys::thread_cpu_ns(),
             lost: lost_frames,
             windows,
+            tcp,
         });
     }
     // Let the device finish what it took, so our counters and the peer's agree.
@@ -224,6 +254,7 @@ pub(super) fn worker(
         cpu_ns: virtnet_sys::thread_cpu_ns(),
         lost: lost_frames,
         windows,
+        tcp,
     })
 }
 
