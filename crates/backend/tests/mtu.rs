@@ -23,20 +23,15 @@ const GUEST_MAC: &str = "52:54:00:12:34:56";
 /// A backend on the namespace's TAP with `mtu` configured (opened from a thread inside it, so
 /// that its threads are in the namespace too).
 fn backend_in(ns: &NetNs, tap: &TapSpec, mtu: Option<u16>) -> Backend {
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            ns.enter_this_thread().expect("entering the namespace");
-            start_backend(
-                TEST,
-                BackendConfig {
-                    io: IoMode::Tap(tap.name.clone()),
-                    mtu,
-                    ..Default::default()
-                },
-            )
-        })
-        .join()
-        .unwrap()
+    ns.run(|| {
+        start_backend(
+            TEST,
+            BackendConfig {
+                io: IoMode::Tap(tap.name.clone()),
+                mtu,
+                ..Default::default()
+            },
+        )
     })
 }
 
@@ -56,16 +51,11 @@ fn config_mtu(p: &mut Pair) -> u16 {
 /// kernel fragments it to the interface's MTU), and returns the lengths of the IPv4 frames
 /// the guest receives within a second.
 fn datagram_to_guest(ns: &NetNs, p: &mut Pair, len: usize) -> Vec<usize> {
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            ns.enter_this_thread().expect("entering the namespace");
-            let socket = UdpSocket::bind("10.99.0.1:0").expect("UDP socket on the TAP");
-            socket
-                .send_to(&vec![0x5a; len], (GUEST_IP, 9))
-                .expect("sending the datagram");
-        })
-        .join()
-        .unwrap()
+    ns.run(|| {
+        let socket = UdpSocket::bind("10.99.0.1:0").expect("UDP socket on the TAP");
+        socket
+            .send_to(&vec![0x5a; len], (GUEST_IP, 9))
+            .expect("sending the datagram");
     });
     let mut lengths = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(1);

@@ -18,74 +18,64 @@ use vring::{Features, GuestAddress};
 const TEST: &str = "rarp";
 
 fn backend(ns: &NetNs, tap: &TapSpec) -> Backend {
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            ns.enter_this_thread().expect("entering the namespace");
-            start_backend(
-                "rarp",
-                BackendConfig {
-                    io: IoMode::Tap(tap.name.clone()),
-                    ..Default::default()
-                },
-            )
-        })
-        .join()
-        .unwrap()
+    ns.run(|| {
+        start_backend(
+            "rarp",
+            BackendConfig {
+                io: IoMode::Tap(tap.name.clone()),
+                ..Default::default()
+            },
+        )
     })
 }
 
 /// A packet socket in `ns` receiving RARP frames on `ifname`, with a receive timeout.
 fn rarp_socket(ns: &NetNs, ifname: &str) -> OwnedFd {
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            ns.enter_this_thread().expect("entering the namespace");
-            let proto = (virtnet_backend::rarp::ETH_P_RARP).to_be();
-            // SAFETY: plain socket(2) call; the result is checked.
-            let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW, proto as i32) };
-            assert!(
-                fd >= 0,
-                "packet socket: {}",
-                std::io::Error::last_os_error()
-            );
-            // SAFETY: `fd` is a fresh descriptor that nothing else owns.
-            let sock = unsafe { OwnedFd::from_raw_fd(fd) };
-            let name = std::ffi::CString::new(ifname).unwrap();
-            // SAFETY: `name` is a NUL-terminated string alive for the call.
-            let index = unsafe { libc::if_nametoindex(name.as_ptr()) };
-            assert!(index > 0, "no interface {ifname}");
-            // SAFETY: sockaddr_ll is plain old data; all-zero is valid.
-            let mut addr: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
-            addr.sll_family = libc::AF_PACKET as u16;
-            addr.sll_protocol = proto;
-            addr.sll_ifindex = index as i32;
-            // SAFETY: `addr` is a sockaddr_ll of the size given, alive for the call.
-            let r = unsafe {
-                libc::bind(
-                    sock.as_raw_fd(),
-                    (&addr as *const libc::sockaddr_ll).cast(),
-                    std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
-                )
-            };
-            assert_eq!(r, 0, "bind: {}", std::io::Error::last_os_error());
-            let tv = libc::timeval {
-                tv_sec: 5,
-                tv_usec: 0,
-            };
-            // SAFETY: SO_RCVTIMEO takes a timeval, and `tv` is one, alive for the call.
-            let r = unsafe {
-                libc::setsockopt(
-                    sock.as_raw_fd(),
-                    libc::SOL_SOCKET,
-                    libc::SO_RCVTIMEO,
-                    (&tv as *const libc::timeval).cast(),
-                    std::mem::size_of::<libc::timeval>() as libc::socklen_t,
-                )
-            };
-            assert_eq!(r, 0);
-            sock
-        })
-        .join()
-        .unwrap()
+    ns.run(|| {
+        let proto = (virtnet_backend::rarp::ETH_P_RARP).to_be();
+        // SAFETY: plain socket(2) call; the result is checked.
+        let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW, proto as i32) };
+        assert!(
+            fd >= 0,
+            "packet socket: {}",
+            std::io::Error::last_os_error()
+        );
+        // SAFETY: `fd` is a fresh descriptor that nothing else owns.
+        let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+        let name = std::ffi::CString::new(ifname).unwrap();
+        // SAFETY: `name` is a NUL-terminated string alive for the call.
+        let index = unsafe { libc::if_nametoindex(name.as_ptr()) };
+        assert!(index > 0, "no interface {ifname}");
+        // SAFETY: sockaddr_ll is plain old data; all-zero is valid.
+        let mut addr: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+        addr.sll_family = libc::AF_PACKET as u16;
+        addr.sll_protocol = proto;
+        addr.sll_ifindex = index as i32;
+        // SAFETY: `addr` is a sockaddr_ll of the size given, alive for the call.
+        let r = unsafe {
+            libc::bind(
+                sock.as_raw_fd(),
+                (&addr as *const libc::sockaddr_ll).cast(),
+                std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
+            )
+        };
+        assert_eq!(r, 0, "bind: {}", std::io::Error::last_os_error());
+        let tv = libc::timeval {
+            tv_sec: 5,
+            tv_usec: 0,
+        };
+        // SAFETY: SO_RCVTIMEO takes a timeval, and `tv` is one, alive for the call.
+        let r = unsafe {
+            libc::setsockopt(
+                sock.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_RCVTIMEO,
+                (&tv as *const libc::timeval).cast(),
+                std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+            )
+        };
+        assert_eq!(r, 0);
+        sock
     })
 }
 

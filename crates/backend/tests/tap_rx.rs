@@ -47,32 +47,20 @@ fn setup() -> Option<(NetNs, TapSpec)> {
 /// The backend on `tap`, its socket in a directory named after `tag` (one per test: they run
 /// side by side).
 fn backend(tag: &str, ns: &NetNs, tap: &TapSpec) -> Backend {
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            ns.enter_this_thread().expect("entering the namespace");
-            start_backend(
-                tag,
-                BackendConfig {
-                    io: IoMode::Tap(tap.name.clone()),
-                    ..Default::default()
-                },
-            )
-        })
-        .join()
-        .unwrap()
+    ns.run(|| {
+        start_backend(
+            tag,
+            BackendConfig {
+                io: IoMode::Tap(tap.name.clone()),
+                ..Default::default()
+            },
+        )
     })
 }
 
 /// A UDP socket in the namespace, bound to the TAP's address.
 fn sender(ns: &NetNs) -> UdpSocket {
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            ns.enter_this_thread().expect("entering the namespace");
-            UdpSocket::bind("10.99.0.1:0").expect("UDP socket")
-        })
-        .join()
-        .unwrap()
-    })
+    ns.run(|| UdpSocket::bind("10.99.0.1:0").expect("UDP socket"))
 }
 
 /// The UDP payload of an IPv4 frame (Ethernet header first).

@@ -40,48 +40,38 @@ fn setup(tag: &str) -> Option<(NetNs, TapSpec)> {
 }
 
 fn backend(tag: &str, ns: &NetNs, tap: &TapSpec, tap_io: TapIo, sndbuf: Option<i32>) -> Backend {
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            ns.enter_this_thread().expect("entering the namespace");
-            start_backend(
-                tag,
-                BackendConfig {
-                    io: IoMode::Tap(tap.name.clone()),
-                    tap_io,
-                    tap_sndbuf: sndbuf,
-                    ..Default::default()
-                },
-            )
-        })
-        .join()
-        .unwrap()
+    ns.run(|| {
+        start_backend(
+            tag,
+            BackendConfig {
+                io: IoMode::Tap(tap.name.clone()),
+                tap_io,
+                tap_sndbuf: sndbuf,
+                ..Default::default()
+            },
+        )
     })
 }
 
 /// A UDP socket bound in the namespace with a receive buffer for every datagram of the test.
 fn listener(ns: &NetNs) -> UdpSocket {
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            ns.enter_this_thread().expect("entering the namespace");
-            let u = UdpSocket::bind((std::net::Ipv4Addr::from(HOST_IP), PORT)).expect("UDP socket");
-            let size: libc::c_int = 32 << 20;
-            // SAFETY: SO_RCVBUFFORCE takes an int, and `size` is one, alive for the call.
-            let r = unsafe {
-                libc::setsockopt(
-                    std::os::fd::AsRawFd::as_raw_fd(&u),
-                    libc::SOL_SOCKET,
-                    libc::SO_RCVBUFFORCE,
-                    (&size as *const libc::c_int).cast(),
-                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-                )
-            };
-            assert_eq!(r, 0, "SO_RCVBUFFORCE: {}", std::io::Error::last_os_error());
-            u.set_read_timeout(Some(Duration::from_millis(100)))
-                .unwrap();
-            u
-        })
-        .join()
-        .unwrap()
+    ns.run(|| {
+        let u = UdpSocket::bind((std::net::Ipv4Addr::from(HOST_IP), PORT)).expect("UDP socket");
+        let size: libc::c_int = 32 << 20;
+        // SAFETY: SO_RCVBUFFORCE takes an int, and `size` is one, alive for the call.
+        let r = unsafe {
+            libc::setsockopt(
+                std::os::fd::AsRawFd::as_raw_fd(&u),
+                libc::SOL_SOCKET,
+                libc::SO_RCVBUFFORCE,
+                (&size as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        assert_eq!(r, 0, "SO_RCVBUFFORCE: {}", std::io::Error::last_os_error());
+        u.set_read_timeout(Some(Duration::from_millis(100)))
+            .unwrap();
+        u
     })
 }
 

@@ -47,19 +47,14 @@ fn invalid_tx_headers_never_reach_the_tap_and_are_counted_by_reason() {
     ns.add_tap(&tap).expect("TAP in the namespace");
     let exclusive = recovery::exclusive();
     // The backend opens the TAP by name from a thread inside the namespace.
-    let b: Backend = std::thread::scope(|s| {
-        s.spawn(|| {
-            ns.enter_this_thread().expect("entering the namespace");
-            start_backend(
-                "hdr",
-                BackendConfig {
-                    io: IoMode::Tap(tap.name.clone()),
-                    ..Default::default()
-                },
-            )
-        })
-        .join()
-        .unwrap()
+    let b: Backend = ns.run(|| {
+        start_backend(
+            "hdr",
+            BackendConfig {
+                io: IoMode::Tap(tap.name.clone()),
+                ..Default::default()
+            },
+        )
     });
     // A first connection, so that the baseline has every thread and descriptor it keeps.
     drop(connect(&b, WANTED | feature::CSUM));

@@ -91,14 +91,7 @@ impl Rig {
         // Both TAPs are opened from a thread inside the namespace; the output TAP is created
         // by the open, with no offload set (TUNSETOFFLOAD never called), so the kernel must
         // segment and checksum what it sends there.
-        let (input, output) = std::thread::scope(|s| {
-            s.spawn(|| {
-                ns.enter_this_thread().expect("entering the namespace");
-                (TapQueue::open(IN_TAP), TapQueue::open(OUT_TAP))
-            })
-            .join()
-            .unwrap()
-        });
+        let (input, output) = ns.run(|| (TapQueue::open(IN_TAP), TapQueue::open(OUT_TAP)));
         let (input, output) = (input.expect("open vngso0"), output.expect("open vngso1"));
         input.set_vnet_hdr_len(HDR_LEN).unwrap();
         output.set_vnet_hdr_len(HDR_LEN).unwrap();
@@ -408,15 +401,10 @@ fn uso_datagrams_reach_a_udp_socket_whole() {
         return;
     }
     let rig = Rig::new("gsoudp");
-    let socket = std::thread::scope(|s| {
-        s.spawn(|| {
-            rig.ns.enter_this_thread().expect("entering the namespace");
-            UdpSocket::bind((std::net::Ipv4Addr::from(LOCAL4), 0))
-        })
-        .join()
-        .unwrap()
-    })
-    .expect("UDP socket in the namespace");
+    let socket = rig
+        .ns
+        .run(|| UdpSocket::bind((std::net::Ipv4Addr::from(LOCAL4), 0)))
+        .expect("UDP socket in the namespace");
     socket
         .set_read_timeout(Some(Duration::from_secs(2)))
         .unwrap();
@@ -520,19 +508,14 @@ fn gen_sends_tso_and_uso_super_frames_through_our_backend_into_a_tap() {
     let ns = NetNs::create("gsogen").expect("network namespace");
     let tap = TapSpec::for_backend();
     ns.add_tap(&tap).expect("TAP in the namespace");
-    let b = std::thread::scope(|s| {
-        s.spawn(|| {
-            ns.enter_this_thread().expect("entering the namespace");
-            start_backend(
-                "gso-gen",
-                BackendConfig {
-                    io: IoMode::Tap(tap.name.clone()),
-                    ..Default::default()
-                },
-            )
-        })
-        .join()
-        .unwrap()
+    let b = ns.run(|| {
+        start_backend(
+            "gso-gen",
+            BackendConfig {
+                io: IoMode::Tap(tap.name.clone()),
+                ..Default::default()
+            },
+        )
     });
     // USO where this kernel's TAP has it (Linux 6.2): the backend offers HOST_USO then.
     let mut protos = vec![(Proto::Tcp, 1448, 66)];
@@ -690,19 +673,14 @@ fn gen_tcp_sink_takes_a_host_tcp_stream_in_super_frames_through_our_backend() {
         "permanent",
     ])
     .expect("the sink's address resolves");
-    let b = std::thread::scope(|s| {
-        s.spawn(|| {
-            ns.enter_this_thread().expect("entering the namespace");
-            start_backend(
-                "tcp-sink",
-                BackendConfig {
-                    io: IoMode::Tap(tap.name.clone()),
-                    ..Default::default()
-                },
-            )
-        })
-        .join()
-        .unwrap()
+    let b = ns.run(|| {
+        start_backend(
+            "tcp-sink",
+            BackendConfig {
+                io: IoMode::Tap(tap.name.clone()),
+                ..Default::default()
+            },
+        )
     });
     let cfg = GenConfig {
         socket: b.socket.clone(),

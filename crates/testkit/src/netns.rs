@@ -93,6 +93,20 @@ impl NetNs {
         Ok(())
     }
 
+    /// Runs `f` on a thread of its own inside the namespace and returns what it returns:
+    /// what `f` opens (sockets, a TAP by name, a backend and its threads) belongs to the
+    /// namespace, and the caller's thread stays where it was. A panic in `f` is the caller's.
+    pub fn run<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                self.enter_this_thread().expect("entering the namespace");
+                f()
+            })
+            .join()
+            .unwrap_or_else(|e| std::panic::resume_unwind(e))
+        })
+    }
+
     /// Creates a persistent TAP in the namespace, with its address, and sets it up. Its carrier
     /// stays down until a process attaches to it.
     pub fn add_tap(&self, tap: &TapSpec) -> Result<(), String> {
