@@ -7,26 +7,17 @@
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::time::Duration;
 
-use testkit::inproc::{start_backend, Backend};
+use testkit::inproc::{tap_backend, Backend};
 use testkit::netns::{NetNs, TapSpec};
 use testkit::packages;
 use testkit::raw::RawFrontend;
 use vhost::vhost_user::message::FrontendReq;
-use virtnet_backend::{BackendConfig, IoMode};
 use vring::{Features, GuestAddress};
 
 const TEST: &str = "rarp";
 
 fn backend(ns: &NetNs, tap: &TapSpec) -> Backend {
-    ns.run(|| {
-        start_backend(
-            "rarp",
-            BackendConfig {
-                io: IoMode::Tap(tap.name.clone()),
-                ..Default::default()
-            },
-        )
-    })
+    tap_backend(ns, "rarp", &tap.name)
 }
 
 /// A packet socket in `ns` receiving RARP frames on `ifname`, with a receive timeout.

@@ -11,10 +11,9 @@ use std::net::UdpSocket;
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
-use testkit::inproc::{connect, start_backend, Backend, Pair, WANTED};
+use testkit::inproc::{connect, tap_backend, Backend, Pair, WANTED};
 use testkit::netns::{NetNs, TapSpec};
 use testkit::packages;
-use virtnet_backend::{BackendConfig, IoMode};
 use vnet::{feature, NetHdr};
 
 const TEST: &str = "tap_rx";
@@ -47,15 +46,7 @@ fn setup() -> Option<(NetNs, TapSpec)> {
 /// The backend on `tap`, its socket in a directory named after `tag` (one per test: they run
 /// side by side).
 fn backend(tag: &str, ns: &NetNs, tap: &TapSpec) -> Backend {
-    ns.run(|| {
-        start_backend(
-            tag,
-            BackendConfig {
-                io: IoMode::Tap(tap.name.clone()),
-                ..Default::default()
-            },
-        )
-    })
+    tap_backend(ns, tag, &tap.name)
 }
 
 /// A UDP socket in the namespace, bound to the TAP's address.

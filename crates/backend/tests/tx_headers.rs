@@ -10,11 +10,10 @@
 
 use std::time::{Duration, Instant};
 
-use testkit::inproc::{connect, frame, start_backend, Backend, Pair, WANTED};
+use testkit::inproc::{connect, frame, tap_backend, Backend, Pair, WANTED};
 use testkit::netns::{NetNs, TapSpec};
 use testkit::packages;
 use testkit::recovery::{self, Usage};
-use virtnet_backend::{BackendConfig, IoMode};
 use vnet::{feature, NetHdr};
 
 const TEST: &str = "tx_headers";
@@ -47,15 +46,7 @@ fn invalid_tx_headers_never_reach_the_tap_and_are_counted_by_reason() {
     ns.add_tap(&tap).expect("TAP in the namespace");
     let exclusive = recovery::exclusive();
     // The backend opens the TAP by name from a thread inside the namespace.
-    let b: Backend = ns.run(|| {
-        start_backend(
-            "hdr",
-            BackendConfig {
-                io: IoMode::Tap(tap.name.clone()),
-                ..Default::default()
-            },
-        )
-    });
+    let b: Backend = tap_backend(&ns, "hdr", &tap.name);
     // A first connection, so that the baseline has every thread and descriptor it keeps.
     drop(connect(&b, WANTED | feature::CSUM));
     let base = Usage::settled(&b);

@@ -20,7 +20,7 @@ use std::io;
 use std::net::UdpSocket;
 use std::time::{Duration, Instant};
 
-use testkit::inproc::start_backend;
+use testkit::inproc::{start_backend, tap_backend};
 use testkit::netns::{NetNs, TapSpec};
 use testkit::packages;
 use virtnet_backend::{BackendConfig, IoMode};
@@ -508,15 +508,7 @@ fn gen_sends_tso_and_uso_super_frames_through_our_backend_into_a_tap() {
     let ns = NetNs::create("gsogen").expect("network namespace");
     let tap = TapSpec::for_backend();
     ns.add_tap(&tap).expect("TAP in the namespace");
-    let b = ns.run(|| {
-        start_backend(
-            "gso-gen",
-            BackendConfig {
-                io: IoMode::Tap(tap.name.clone()),
-                ..Default::default()
-            },
-        )
-    });
+    let b = tap_backend(&ns, "gso-gen", &tap.name);
     // USO where this kernel's TAP has it (Linux 6.2): the backend offers HOST_USO then.
     let mut protos = vec![(Proto::Tcp, 1448, 66)];
     if b.device.offered_features().contains(feature::HOST_USO) {
@@ -673,15 +665,7 @@ fn gen_tcp_sink_takes_a_host_tcp_stream_in_super_frames_through_our_backend() {
         "permanent",
     ])
     .expect("the sink's address resolves");
-    let b = ns.run(|| {
-        start_backend(
-            "tcp-sink",
-            BackendConfig {
-                io: IoMode::Tap(tap.name.clone()),
-                ..Default::default()
-            },
-        )
-    });
+    let b = tap_backend(&ns, "tcp-sink", &tap.name);
     let cfg = GenConfig {
         socket: b.socket.clone(),
         mode: Mode::TcpSink,

@@ -102,6 +102,19 @@ pub fn start_backend(tag: &str, config: BackendConfig) -> Backend {
     }
 }
 
+/// A backend on the TAP `tap` of `ns` (its threads in the namespace), the rest as default.
+pub fn tap_backend(ns: &crate::netns::NetNs, tag: &str, tap: &str) -> Backend {
+    ns.run(|| {
+        start_backend(
+            tag,
+            BackendConfig {
+                io: IoMode::Tap(tap.to_string()),
+                ..Default::default()
+            },
+        )
+    })
+}
+
 /// A backend with one pair that echoes every frame back.
 pub fn echo_backend(tag: &str) -> Backend {
     start_backend(
