@@ -321,12 +321,7 @@ impl RxPath {
         for i in 0..used {
             let c = self.posted.pop_front().expect("counted above");
             let take = left.min(c.writable_len());
-            // The frame's buffers are published together (spec 5.1.6.4.2).
-            if i + 1 < used {
-                rx.queue.add_used_written_part(&c, take as u32)?;
-            } else {
-                rx.queue.add_used_written(&c, take as u32)?;
-            }
+            add_frame_buffer(&mut rx.queue, &c, take as u32, i + 1 == used)?;
             left -= take;
             self.posted_bytes = self.posted_bytes.saturating_sub(c.writable_len());
             self.spare.push(c);
@@ -484,14 +479,20 @@ fn deliver(
     for (i, c) in chains[..used].iter().enumerate() {
         let n = write_chain(rx.queue.memory(), c, rest)?;
         rest = &rest[n..];
-        // The frame's buffers are published together (spec 5.1.6.4.2).
-        if i + 1 < used {
-            rx.queue.add_used_written_part(c, n as u32)?;
-        } else {
-            rx.queue.add_used_written(c, n as u32)?;
-        }
+        add_frame_buffer(&mut rx.queue, c, n as u32, i + 1 == used)?;
     }
     Ok(Delivery::Delivered)
+}
+
+/// Marks buffer `c` of a frame used with `len` bytes written. A frame's buffers are published
+/// together, with its `last` (spec 5.1.6.4.2), whatever the used batch.
+fn add_frame_buffer(q: &mut DeviceQueue, c: &Chain, len: u32, last: bool) -> Result<(), RingError> {
+    if last {
+        q.add_used_written(c, len)?;
+    } else {
+        q.add_used_written_part(c, len)?;
+    }
+    Ok(())
 }
 
 /// Pops buffers after the posted ones for the `over` bytes of a frame that did not fit them,

@@ -154,17 +154,7 @@ impl Flow {
             Addrs::V4 { src, dst } => {
                 f[12..14].copy_from_slice(&ETHERTYPE_IPV4.to_be_bytes());
                 let ip = &mut f[l3..l4];
-                ip[0] = 0x45;
-                ip[2..4].copy_from_slice(&((len - l3) as u16).to_be_bytes());
-                ip[4..6].copy_from_slice(&1u16.to_be_bytes());
-                // Don't fragment, as TCP and Linux's UDP path MTU discovery send.
-                ip[6] = 0x40;
-                ip[8] = 64;
-                ip[9] = proto;
-                ip[12..16].copy_from_slice(&src);
-                ip[16..20].copy_from_slice(&dst);
-                let c = !fold(sum16(0, ip));
-                ip[10..12].copy_from_slice(&c.to_be_bytes());
+                write_ipv4_header(ip, len - l3, 1, proto, src, dst);
                 sum16(0, &f[l3 + 12..l3 + 20])
             }
             Addrs::V6 { src, dst } => {
@@ -261,6 +251,29 @@ impl Flow {
         debug_assert_ne!(hdr.gso_type, HDR_GSO_NONE, "checked above");
         Ok((f, hdr))
     }
+}
+
+/// Writes the 20-byte IPv4 header `ip` (zeroed) of a packet of `total_len` bytes, header
+/// included, with its checksum: don't fragment, as TCP and Linux's UDP path MTU discovery
+/// send; a TTL of 64.
+pub(crate) fn write_ipv4_header(
+    ip: &mut [u8],
+    total_len: usize,
+    id: u16,
+    proto: u8,
+    src: [u8; 4],
+    dst: [u8; 4],
+) {
+    ip[0] = 0x45;
+    ip[2..4].copy_from_slice(&(total_len as u16).to_be_bytes());
+    ip[4..6].copy_from_slice(&id.to_be_bytes());
+    ip[6] = 0x40;
+    ip[8] = 64;
+    ip[9] = proto;
+    ip[12..16].copy_from_slice(&src);
+    ip[16..20].copy_from_slice(&dst);
+    let c = !fold(sum16(0, &ip[..IPV4_HDR_LEN]));
+    ip[10..12].copy_from_slice(&c.to_be_bytes());
 }
 
 /// An IPv4/UDP frame of `len` bytes (at least 42) from `src` to `dst`, with `payload` at the

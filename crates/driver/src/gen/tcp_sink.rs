@@ -17,7 +17,7 @@
 //! order (the ack repeats the next byte it expects and the sender retransmits; a TAP does
 //! not reorder). Frames for other addresses or protocols are counted and ignored.
 
-use super::frames::ETH_HLEN;
+use super::frames::{write_ipv4_header, ETH_HLEN};
 use crate::offload::{fold, sum16};
 
 /// The guest side's address: the source address of the frames `virtnet gen` sends.
@@ -182,6 +182,7 @@ impl TcpSink {
     /// Moves the replies owed into `out`: the SYN-ACKs, then one cumulative ack for each
     /// connection that got data or a FIN since the last call (with our FIN after theirs).
     pub fn take_replies(&mut self, out: &mut Vec<Vec<u8>>) {
+        let before = out.len();
         out.append(&mut self.replies);
         let mut i = 0;
         while i < self.conns.len() {
@@ -199,7 +200,7 @@ impl TcpSink {
                 i += 1;
             }
         }
-        self.counts.replies = self.counts.replies.saturating_add(out.len() as u64);
+        self.counts.replies += (out.len() - before) as u64;
     }
 
     /// Our segment on `c` with sequence number `seq` and `flags`, acknowledging
@@ -219,15 +220,7 @@ impl TcpSink {
         f[6..12].copy_from_slice(&self.mac);
         f[12..14].copy_from_slice(&0x0800u16.to_be_bytes());
         let ip = &mut f[ETH_HLEN..ETH_HLEN + IPV4_HDR_LEN];
-        ip[0] = 0x45;
-        ip[2..4].copy_from_slice(&(ip_len as u16).to_be_bytes());
-        ip[6] = 0x40; // don't fragment
-        ip[8] = 64;
-        ip[9] = 6;
-        ip[12..16].copy_from_slice(&ADDR);
-        ip[16..20].copy_from_slice(&c.key.peer);
-        let sum = !fold(sum16(0, ip));
-        ip[10..12].copy_from_slice(&sum.to_be_bytes());
+        write_ipv4_header(ip, ip_len, 0, 6, ADDR, c.key.peer);
         let l4 = ETH_HLEN + IPV4_HDR_LEN;
         let t = &mut f[l4..l4 + tcp_len];
         t[0..2].copy_from_slice(&c.key.port.to_be_bytes());

@@ -193,8 +193,7 @@ pub(super) fn worker(
         }
         Mode::TcpSink => {
             // Our address is the one our frames come from.
-            let mut mac = [0u8; 6];
-            mac.copy_from_slice(&frame[6..12]);
+            let mac = frame[6..12].try_into().expect("an Ethernet header");
             let mut sink = TcpSink::new(mac);
             let mut replies = Vec::new();
             'sink: while !stop.load(Relaxed) {
