@@ -10,6 +10,12 @@
  *                                           (gso_size 1472), as virtnet gen --gso udp
  *   tap-ceiling read  IFNAME SECONDS        one blocking read per frame, in a loop
  *
+ * write, tso and uso take an optional BUFFERS after SECONDS: the frame is copied into that
+ * many buffers, written in turn, so that the kernel's copies read as much distinct memory as
+ * a device's do from a guest's ring of buffers (64 super-frames are 4 MiB: the bytes Linux
+ * 6.18 lets one TCP flow keep queued, tcp_limit_output_bytes). Without it (1) the frame stays
+ * in this CPU's caches, as no guest's frames are.
+ *
  * With io_uring (built with -DHAVE_URING -luring, when liburing is installed), the same frames
  * batched: 32 writev per io_uring_enter, or 32 reads kept posted and reaped in bursts:
  *
@@ -225,7 +231,7 @@ int main(int argc, char **argv)
 	unsigned long long frames = 0, bytes = 0;
 
 	if (argc < 4) {
-		fprintf(stderr, "usage: %s write|tso|uso IFNAME SIZE SECONDS | read IFNAME SECONDS\n",
+		fprintf(stderr, "usage: %s write|tso|uso IFNAME SIZE SECONDS [BUFFERS] | read IFNAME SECONDS\n",
 			argv[0]);
 		return 2;
 	}
@@ -260,6 +266,11 @@ int main(int argc, char **argv)
 	}
 	size_t len = atoi(argv[3]);
 	double end = now() + atof(argv[4]);
+	long buffers = argc > 5 ? atol(argv[5]) : 1;
+	if (buffers < 1 || buffers > 4096) {
+		fprintf(stderr, "BUFFERS %ld outside 1..4096\n", buffers);
+		return 2;
+	}
 	if (len < 60 || len > MAX_FRAME) {
 		fprintf(stderr, "SIZE %zu outside 60..%d\n", len, MAX_FRAME);
 		return 2;
@@ -310,9 +321,24 @@ int main(int argc, char **argv)
 		return 2;
 #endif
 	}
+	/* Each buffer a whole number of pages apart, as a guest's buffers are. */
+	size_t stride = (len + 4095) & ~(size_t)4095;
+	uint8_t *ring = frame;
+	if (buffers > 1) {
+		ring = malloc(stride * buffers);
+		if (!ring) {
+			perror("malloc");
+			return 1;
+		}
+		for (long b = 0; b < buffers; b++)
+			memcpy(ring + b * stride, frame, len);
+	}
 	unsigned long long refused = 0;
+	long next = 0;
 	for (;;) {
 		for (int i = 0; i < 64; i++) {
+			iov[1].iov_base = ring + next * stride;
+			next = next + 1 == buffers ? 0 : next + 1;
 			ssize_t n = writev(fd, iov, 2);
 			if (n == (ssize_t)(HDR_LEN + len)) {
 				frames++;

@@ -19,9 +19,15 @@
 #              65,000-byte TSO or USO super-frame (Gbit/s at the TAP's rx_bytes); and the
 #              same frames through io_uring (liburing, installed when missing): 32 writev
 #              per io_uring_enter, with and without SQPOLL, and 32 reads kept posted;
-#   --offload  also `virtnet gen --gso tcp|udp --size 65000` into our backend on the TAP,
-#              Gbit/s at the TAP (the udp row says n/a where the kernel's TAP has no USO,
-#              so the backend does not offer HOST_USO);
+#   --offload  also `virtnet gen --gso tcp|udp --size 65000 --busy-poll --queue-size N` into
+#              our backend on the TAP, Gbit/s at the TAP (the udp row says n/a where the
+#              kernel's TAP has no USO, so the backend does not offer HOST_USO), A/B with the
+#              ceiling loop writing the same super-frames from N buffers in turn: the same
+#              memory the kernel's copies read (a 64 KiB copy runs at a third of the speed
+#              from a 16 MiB working set as from one frame in this CPU's caches, so a
+#              one-buffer ceiling compares the device's memory with a hot cache);
+#   --offload-frames N  super-frames in flight for --offload (gen's ring; default 64, 4 MiB:
+#              what Linux 6.18 lets one TCP flow keep queued, tcp_limit_output_bytes);
 #   --zero-loss S  also S seconds of 64 B guest -> host at full rate into our backend: frames
 #              the guest sent (testpmd's TX-packets) against frames at the TAP and frames
 #              the backend dropped (only invalid ones may be), with the TAP's push-backs;
@@ -47,7 +53,8 @@
 # /tmp/vnt-tap-logs.
 #
 # Usage: scripts/tap-compare.sh [--rounds N] [--seconds S] [--busy-poll-us US]
-#                               [--ceiling] [--offload] [--zero-loss S] [--tap-io-ab]
+#                               [--ceiling] [--offload] [--offload-frames N]
+#                               [--zero-loss S] [--tap-io-ab]
 #                               [--tcp-rx] [--no-compare]
 # Needs root; installs dpdk-dev and netsniff-ng (trafgen) when missing. Prints Markdown.
 set -euo pipefail
@@ -58,6 +65,7 @@ busy_poll_us=1000
 compare=1
 ceiling=0
 offload=0
+offload_frames=64
 zero_loss=0
 tap_io_ab=0
 tcp_rx=0
@@ -68,6 +76,7 @@ while [ $# -gt 0 ]; do
     --busy-poll-us) busy_poll_us=$2; shift 2 ;;
     --ceiling) ceiling=1; shift ;;
     --offload) offload=1; shift ;;
+    --offload-frames) offload_frames=$2; shift 2 ;;
     --zero-loss) zero_loss=$2; shift 2 ;;
     --tap-io-ab) tap_io_ab=1; shift ;;
     --tcp-rx) tcp_rx=1; shift ;;
@@ -90,7 +99,7 @@ virtnet=${VIRTNET_BIN:-$root/target/release/virtnet}
 missing=()
 command -v dpdk-testpmd >/dev/null || missing+=(dpdk-dev)
 command -v trafgen >/dev/null || missing+=(netsniff-ng)
-if [ "$ceiling" = 1 ]; then
+if [ "$ceiling" = 1 ] || [ "$offload" = 1 ]; then
   command -v cc >/dev/null || missing+=(gcc)
   [ -e /usr/include/liburing.h ] || missing+=(liburing-dev)
 fi
@@ -139,7 +148,7 @@ in_ns ip tuntap add dev "$our_tap" mode tap multi_queue vnet_hdr
 in_ns ip link set "$our_tap" up
 
 helper=$work/tap-ceiling
-if [ "$ceiling" = 1 ]; then
+if [ "$ceiling" = 1 ] || [ "$offload" = 1 ]; then
   cc -O2 -Wall -DHAVE_URING -o "$helper" "$root/scripts/tap-ceiling.c" -luring
 fi
 
@@ -318,9 +327,10 @@ print(q["dropped"], q["host_pushback"])')
 }
 
 # The ceiling loop on DEV_CPU (with trafgen for `read`); writes the median rate at the TAP
-# (Mpps, or Gbit/s for super-frames) to $work/result.
-run_ceiling() { # mode size
-  local mode=$1 size=$2 counter=rx_packets scale=1e6
+# (Mpps, or Gbit/s for super-frames) to $work/result. BUFFERS: the frame written from that
+# many buffers in turn (write, tso, uso).
+run_ceiling() { # mode size [buffers]
+  local mode=$1 size=$2 buffers=${3:-1} counter=rx_packets scale=1e6
   case "$mode" in
     read | uread) counter=tx_packets ;;
     tso | uso) counter=rx_bytes scale=1.25e8 ;;
@@ -332,7 +342,7 @@ run_ceiling() { # mode size
     start_trafgen "$our_tap" "$size"
   else
     ip netns exec "$ns" taskset -c "$dev_cpu" "$helper" "$mode" "$our_tap" "$size" $((seconds + 2)) \
-      >"$work/helper.log" 2>&1 &
+      "$buffers" >"$work/helper.log" 2>&1 &
     pids+=($!)
   fi
   sleep 1
@@ -352,7 +362,7 @@ run_offload() { # proto
   local dev=${pids[-1]}
   wait_for "the device's socket" test -S "$sock"
   taskset -c "$guest_cpu" "$virtnet" gen --socket "$sock" --gso "$1" --size 65000 \
-    --duration $((seconds + 2)) >"$work/gen.log" 2>&1 &
+    --busy-poll --queue-size "$offload_frames" --duration $((seconds + 2)) >"$work/gen.log" 2>&1 &
   pids+=($!)
   local gen=${pids[-1]}
   sleep 1
@@ -546,26 +556,39 @@ if [ "$ceiling" = 1 ]; then
 fi
 
 if [ "$offload" = 1 ]; then
-  echo "| offload stream: virtnet gen → virtnet backend --tap | Gbit/s at the TAP: median (each run) | best | worst | Gbit/s by gen (each run) | / ceiling of the same super-frames |"
-  echo "|---|---|---|---|---|---|"
+  mib=$(awk -v n="$offload_frames" 'BEGIN {printf "%.1f", n * 65000 / 1048576}')
+  echo "| offload stream, $offload_frames super-frames in flight (~$mib MiB) | virtnet gen → virtnet backend --tap, Gbit/s at the TAP: median (each run) | ceiling loop from $offload_frames buffers (each run) | ratio of medians | of bests | of worsts | Gbit/s by gen (each run) | / one-buffer ceiling (--ceiling) |"
+  echo "|---|---|---|---|---|---|---|---|"
   for proto in tcp udp; do
-    t=(); g=(); na=
-    for _ in $(seq "$rounds"); do
-      run_offload "$proto"
-      if grep -q '^n/a' "$work/result"; then na=$(cat "$work/result"); break; fi
-      read -r a b <"$work/result"; t+=("$a"); g+=("$b")
+    key=tso
+    [ "$proto" = udp ] && key=uso
+    # (Names of their own: sample_tap sets c.)
+    odev=(); oceil=(); ogen=(); na=
+    for r in $(seq "$rounds"); do
+      # A/B, then B/A.
+      order="device ceiling"
+      [ $((r % 2)) = 0 ] && order="ceiling device"
+      for which in $order; do
+        if [ "$which" = ceiling ]; then
+          run_ceiling "$key" 65000 "$offload_frames"; oceil+=("$(cat "$work/result")")
+          continue
+        fi
+        run_offload "$proto"
+        if grep -q '^n/a' "$work/result"; then na=$(cat "$work/result"); break 2; fi
+        read -r a b <"$work/result"; odev+=("$a"); ogen+=("$b")
+      done
     done
     what="--gso $proto --size 65000"
     if [ -n "$na" ]; then
-      echo "| $what | $na | | | | |"
+      echo "| $what | $na | | | | | | |"
       continue
     fi
-    m=$(pick median "${t[@]}")
-    key=tso
-    [ "$proto" = udp ] && key=uso
+    m=$(pick median "${odev[@]}"); mc=$(pick median "${oceil[@]}")
     vs="–"
     [ -n "${ceil[$key]:-}" ] && vs=$(ratio "$m" "${ceil[$key]}")
-    echo "| $what | $m (${t[*]}) | $(pick max "${t[@]}") | $(pick min "${t[@]}") | ${g[*]} | $vs |"
+    echo "| $what | $m (${odev[*]}) | $mc (${oceil[*]}) | $(ratio "$m" "$mc") |" \
+      "$(ratio "$(pick max "${odev[@]}")" "$(pick max "${oceil[@]}")") |" \
+      "$(ratio "$(pick min "${odev[@]}")" "$(pick min "${oceil[@]}")") | ${ogen[*]} | $vs |"
   done
   echo
 fi
