@@ -171,6 +171,9 @@ pub struct LoadResult {
     pub best_fixed: BusyPoll,
     pub auto_over_best_fixed: Option<f64>,
     pub auto_over_off: Option<f64>,
+    /// Auto's main figure over the best fixed timeout's in each repeat (the two ran in the
+    /// same repeat, minutes apart at most): the machine's drift between repeats cancels.
+    pub auto_over_best_fixed_per_repeat: Option<Summary>,
 }
 
 #[derive(Debug, Serialize)]
@@ -519,6 +522,12 @@ pub fn measure(o: &Options, progress: Progress<'_>) -> Result<Results, BenchErro
                 .collect();
             let (best_fixed, auto_over_best_fixed, auto_over_off) =
                 compare(&medians, higher_is_better);
+            let runs_of = |b: BusyPoll| {
+                let s = settings.iter().find(|s| s.busy_poll == b);
+                s.map_or(&[][..], |s| &s.runs[..])
+            };
+            let auto_over_best_fixed_per_repeat =
+                per_repeat(runs_of(BusyPoll::Auto), runs_of(best_fixed));
             LoadResult {
                 load,
                 main_figure,
@@ -527,6 +536,7 @@ pub fn measure(o: &Options, progress: Progress<'_>) -> Result<Results, BenchErro
                 best_fixed,
                 auto_over_best_fixed,
                 auto_over_off,
+                auto_over_best_fixed_per_repeat,
             }
         })
         .collect();
@@ -540,6 +550,18 @@ pub fn measure(o: &Options, progress: Progress<'_>) -> Result<Results, BenchErro
     })
 }
 
+/// The ratios of `a`'s main figures over `b`'s, repeat by repeat (a repeat whose `b` is 0
+/// left out); none without any.
+fn per_repeat(a: &[Run], b: &[Run]) -> Option<Summary> {
+    let ratios: Vec<f64> = a
+        .iter()
+        .zip(b)
+        .filter(|(_, b)| b.main != 0.0)
+        .map(|(a, b)| a.main / b.main)
+        .collect();
+    Summary::of(&ratios)
+}
+
 fn ratio(r: Option<f64>) -> String {
     r.map_or("-".into(), |r| format!("{r:.2}"))
 }
@@ -550,7 +572,7 @@ pub fn tables(r: &Results) -> Vec<Table> {
         BusyPoll::Fixed(us) => format!("{us} us"),
         b => b.to_string(),
     }));
-    header.extend(["best fixed", "auto/best fixed", "auto/off"].map(String::from));
+    header.extend(["best fixed", "auto/best fixed", "per repeat", "auto/off"].map(String::from));
     let header: Vec<&str> = header.iter().map(String::as_str).collect();
     let mut t = Table::new(
         "7. Busy polling across loads: each load's main figure (median) by setting",
@@ -565,12 +587,17 @@ pub fn tables(r: &Results) -> Vec<Table> {
         );
         row.push(format!("{} us", l.best_fixed));
         row.push(ratio(l.auto_over_best_fixed));
+        row.push(
+            l.auto_over_best_fixed_per_repeat
+                .map_or("-".into(), |s| s.display(2)),
+        );
         row.push(ratio(l.auto_over_off));
         t.row(row);
     }
     t.note(format!(
         "{} of {:.2} s per cell. Ratios are of the main figure: above 1 is better, except for \
-         idle's device CPU, where it is worse.",
+         idle's device CPU, where it is worse. Per repeat: auto over the best fixed timeout in \
+         each repeat, median (min..max).",
         spread(r.repeats),
         r.secs_per_run
     ));
@@ -670,6 +697,27 @@ mod tests {
         let (best, vs_best, vs_off) = compare(&idle, false);
         assert_eq!(best, BusyPoll::Fixed(50));
         assert_eq!((vs_best, vs_off), (Some(2.0), None));
+    }
+
+    #[test]
+    fn per_repeat_ratios_pair_the_runs_of_one_repeat() {
+        let runs = |v: &[f64]| -> Vec<Run> {
+            v.iter()
+                .map(|&main| Run {
+                    main,
+                    ..Run::default()
+                })
+                .collect()
+        };
+        // The machine ran twice as fast in the second repeat: paired, auto is 0.9 both times,
+        // though its median (135) is above the fixed timeout's (100 and 200: 150).
+        let s = per_repeat(&runs(&[90.0, 180.0]), &runs(&[100.0, 200.0])).unwrap();
+        assert!((s.median - 0.9).abs() < 1e-9 && (s.max - 0.9).abs() < 1e-9);
+        // A repeat whose divisor is 0 is left out; none left, no summary.
+        let s = per_repeat(&runs(&[1.0, 3.0]), &runs(&[0.0, 2.0])).unwrap();
+        assert_eq!((s.runs, s.median), (1, 1.5));
+        assert!(per_repeat(&runs(&[1.0]), &runs(&[0.0])).is_none());
+        assert!(per_repeat(&[], &runs(&[1.0])).is_none());
     }
 
     #[test]
