@@ -239,6 +239,13 @@ device_virtnet() { # sock [tap-io]
   pids+=($!)
 }
 device_syscalls() { device_virtnet "$1" syscalls; }
+# Our backend on $work/s.sock (its ctl socket fresh), once that socket is there; its pid is
+# the last in pids.
+start_our_device() {
+  rm -f "$work/s.sock" "$work/ctl.sock"
+  device_virtnet "$work/s.sock"
+  wait_for "the device's socket" test -S "$work/s.sock"
+}
 # testpmd's main lcore must not share a CPU with its forwarding lcore while the vhost-user
 # handshake runs (scripts/dpdk-compare.sh): each side's main lcore sits on the other CPU.
 device_dpdk() { # sock
@@ -298,11 +305,8 @@ run_pair() { # which dir size
 # S seconds of 64 B guest -> host into our backend at full rate; writes "sent at-TAP dropped
 # pushbacks" to $work/result.
 run_zero_loss() { # seconds
-  local sock=$work/s.sock
-  rm -f "$sock" "$work/ctl.sock"
-  device_virtnet "$sock"
-  local dev=${pids[-1]}
-  wait_for "the device's socket" test -S "$sock"
+  start_our_device
+  local sock=$work/s.sock dev=${pids[-1]}
   local before after
   before=$(in_ns cat "/sys/class/net/$our_tap/statistics/rx_packets")
   guest_testpmd txonly 64 "$sock"
@@ -356,11 +360,8 @@ run_ceiling() { # mode size [buffers]
 # `virtnet gen --gso PROTO --size 65000` into our backend on the TAP; writes "Gbit/s-at-TAP
 # Gbit/s-by-gen", or "n/a" when the device does not offer the offload, to $work/result.
 run_offload() { # proto
-  local sock=$work/s.sock
-  rm -f "$sock"
-  device_virtnet "$sock"
-  local dev=${pids[-1]}
-  wait_for "the device's socket" test -S "$sock"
+  start_our_device
+  local sock=$work/s.sock dev=${pids[-1]}
   taskset -c "$guest_cpu" "$virtnet" gen --socket "$sock" --gso "$1" --size 65000 \
     --busy-poll --queue-size "$offload_frames" --duration $((seconds + 2)) >"$work/gen.log" 2>&1 &
   pids+=($!)
@@ -419,11 +420,8 @@ PY
 # A TCP stream from the namespace into `virtnet gen --mode tcp-sink` through our backend;
 # writes "Gbit/s-at-sender Gbit/s-at-TAP all-in-order" to $work/result.
 run_tcp_rx() {
-  local sock=$work/s.sock
-  rm -f "$sock"
-  device_virtnet "$sock"
-  local dev=${pids[-1]}
-  wait_for "the device's socket" test -S "$sock"
+  start_our_device
+  local sock=$work/s.sock dev=${pids[-1]}
   taskset -c "$guest_cpu" "$virtnet" gen --socket "$sock" --mode tcp-sink --busy-poll \
     --duration $((seconds + 3)) >"$work/gen.log" 2>&1 &
   pids+=($!)

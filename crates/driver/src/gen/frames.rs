@@ -15,9 +15,9 @@ use super::GenError;
 use crate::offload::{self, fold, sum16, TxOffloads};
 
 pub const ETH_HLEN: usize = 14;
-const ETHERTYPE_IPV4: u16 = 0x0800;
+pub(crate) const ETHERTYPE_IPV4: u16 = 0x0800;
 const ETHERTYPE_IPV6: u16 = 0x86dd;
-const IPV4_HDR_LEN: usize = 20;
+pub(crate) const IPV4_HDR_LEN: usize = 20;
 const IPV6_HDR_LEN: usize = 40;
 /// Our TCP header: 20 bytes and the timestamp option (two NOPs and 10 bytes), as Linux sends
 /// on an established connection; at an MTU of 1500 the MSS is then 1448.

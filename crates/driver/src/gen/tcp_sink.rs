@@ -17,7 +17,7 @@
 //! order (the ack repeats the next byte it expects and the sender retransmits; a TAP does
 //! not reorder). Frames for other addresses or protocols are counted and ignored.
 
-use super::frames::{write_ipv4_header, ETH_HLEN};
+use super::frames::{write_ipv4_header, ETHERTYPE_IPV4, ETH_HLEN, IPV4_HDR_LEN};
 use crate::offload::{fold, sum16};
 
 /// The guest side's address: the source address of the frames `virtnet gen` sends.
@@ -36,7 +36,8 @@ const FIN: u8 = 0x01;
 const SYN: u8 = 0x02;
 const RST: u8 = 0x04;
 const ACK: u8 = 0x10;
-const IPV4_HDR_LEN: usize = 20;
+/// The IPv4 protocol number of TCP, and a TCP header without options.
+const PROTO_TCP: u8 = 6;
 const TCP_HDR_LEN: usize = 20;
 
 /// A connection, named from our side: the peer's address and port, and our port.
@@ -218,9 +219,9 @@ impl TcpSink {
         let mut f = vec![0u8; (ETH_HLEN + ip_len).max(60)];
         f[..6].copy_from_slice(&c.peer_mac);
         f[6..12].copy_from_slice(&self.mac);
-        f[12..14].copy_from_slice(&0x0800u16.to_be_bytes());
+        f[12..14].copy_from_slice(&ETHERTYPE_IPV4.to_be_bytes());
         let ip = &mut f[ETH_HLEN..ETH_HLEN + IPV4_HDR_LEN];
-        write_ipv4_header(ip, ip_len, 0, 6, ADDR, c.key.peer);
+        write_ipv4_header(ip, ip_len, 0, PROTO_TCP, ADDR, c.key.peer);
         let l4 = ETH_HLEN + IPV4_HDR_LEN;
         let t = &mut f[l4..l4 + tcp_len];
         t[0..2].copy_from_slice(&c.key.port.to_be_bytes());
@@ -233,7 +234,7 @@ impl TcpSink {
         t[TCP_HDR_LEN..].copy_from_slice(opts);
         // RFC 9293 3.1: over the pseudo-header (addresses, protocol, TCP length) and the
         // segment, its checksum field zero.
-        let pseudo = sum16(sum16(0, &ADDR), &c.key.peer) + 6 + tcp_len as u32;
+        let pseudo = sum16(sum16(0, &ADDR), &c.key.peer) + PROTO_TCP as u32 + tcp_len as u32;
         let sum = !fold(sum16(pseudo, t));
         t[16..18].copy_from_slice(&sum.to_be_bytes());
         f
@@ -245,12 +246,12 @@ impl TcpSink {
 fn parse(f: &[u8]) -> Option<Segment> {
     let be16 = |b: &[u8], at: usize| u16::from_be_bytes([b[at], b[at + 1]]);
     let be32 = |b: &[u8], at: usize| u32::from_be_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
-    if f.len() < ETH_HLEN + IPV4_HDR_LEN + TCP_HDR_LEN || be16(f, 12) != 0x0800 {
+    if f.len() < ETH_HLEN + IPV4_HDR_LEN + TCP_HDR_LEN || be16(f, 12) != ETHERTYPE_IPV4 {
         return None;
     }
     let ip = &f[ETH_HLEN..];
     let ihl = (ip[0] & 0x0f) as usize * 4;
-    if ip[0] >> 4 != 4 || ihl < IPV4_HDR_LEN || ip[9] != 6 {
+    if ip[0] >> 4 != 4 || ihl < IPV4_HDR_LEN || ip[9] != PROTO_TCP {
         return None;
     }
     let total = match be16(ip, 2) as usize {
@@ -318,7 +319,8 @@ mod tests {
         assert_eq!(fold(sum16(0, ip)), 0xffff, "IPv4 header checksum");
         let total = u16::from_be_bytes([ip[2], ip[3]]) as usize;
         let tcp = &f[ETH_HLEN + IPV4_HDR_LEN..ETH_HLEN + total];
-        let pseudo = sum16(sum16(0, &ip[12..16]), &ip[16..20]) + 6 + tcp.len() as u32;
+        let pseudo =
+            sum16(sum16(0, &ip[12..16]), &ip[16..20]) + PROTO_TCP as u32 + tcp.len() as u32;
         assert_eq!(fold(sum16(pseudo, tcp)), 0xffff, "TCP checksum");
     }
 
