@@ -302,6 +302,23 @@ fn poll_loads(r: &Value) {
                 }
             }
         }
+        // Fresh rounds: auto against the sweep's best fixed timeout (and off, contended),
+        // one run of each a round.
+        let fresh = l["fresh"].as_array().expect("fresh");
+        let against: Vec<&Value> = fresh.iter().map(|f| &f["against_us"]).collect();
+        let mut want = vec![&l["best_fixed_us"]];
+        let off = Value::from(0);
+        if name == "contended" {
+            want.push(&off);
+        }
+        assert_eq!(against, want, "{name}");
+        let rounds = r["repeats"].as_u64().unwrap() as usize;
+        for f in fresh {
+            let (a, o) = (&f["auto_runs"], &f["other_runs"]);
+            assert_eq!(a.as_array().unwrap().len(), rounds, "{name}: {f}");
+            assert_eq!(o.as_array().unwrap().len(), rounds, "{name}: {f}");
+            assert_eq!(f["auto"]["runs"], rounds, "{name}: {f}");
+        }
     }
 }
 
