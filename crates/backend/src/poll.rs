@@ -11,7 +11,9 @@
 //!   caught changes nothing; a gap that outlasted the poll but ended within [`MAX_POLL_US`]
 //!   (a near miss: a longer poll would have caught it) doubles the budget, from at least
 //!   [`START_POLL_US`], up to [`MAX_POLL_US`]; a gap longer than that (nothing a poll could
-//!   catch) halves it, and below [`START_POLL_US`] it stops polling. So it polls about as
+//!   catch) halves it, and below [`START_POLL_US`] it stops polling, unless it came alone
+//!   (every other poll of the last [`OUTCOMES`] hit: a pause between bursts, or a peer
+//!   stalled for a moment, which leaves the budget as it was). So it polls about as
 //!   long as a hit usually takes, stops when hits are rare (an idle or trickling queue), and
 //!   starts again at the first near miss. A gap after a poll the scheduler cut short moves
 //!   nothing: another task ran in it, and it would only grow polls on a shared CPU.
@@ -251,11 +253,22 @@ impl AutoPoll {
             b
         } else if us <= MAX_POLL_US {
             (b * 2).clamp(START_POLL_US, MAX_POLL_US)
+        } else if self.long_gap_alone() {
+            b
         } else if b / 2 < START_POLL_US {
             0
         } else {
             b / 2
         };
+    }
+
+    /// Whether a long gap came alone: every other poll of the last [`OUTCOMES`] hit (the one
+    /// that timed out into this gap is among them). A pause between bursts, or a peer stalled
+    /// for a moment (a vCPU the hypervisor took away), says nothing of the traffic around it:
+    /// halving there would leave the polls short of the next burst's gaps, to grow back one
+    /// near miss (one wake-up) at a time.
+    fn long_gap_alone(&self) -> bool {
+        self.outcomes_len >= OUTCOMES && self.outcomes.count_ones() >= OUTCOMES - 1
     }
 
     /// How a poll ended. Any poll counts: the contention checks after a back-off need one
@@ -418,6 +431,46 @@ mod tests {
         }
         assert!(polled >= 20 * 48, "{polled} of {} gaps caught", 20 * 51);
         assert!(p.budget(t) >= START_POLL_US, "still polling after a pause");
+    }
+
+    /// One idle turn: a poll of the current budget, a hit when the gap fits in it.
+    fn turn(p: &mut AutoPoll, t: Instant, gap: u64) -> PollExit {
+        let exit = if gap <= p.budget(t) as u64 {
+            PollExit::Hit
+        } else {
+            PollExit::Timeout
+        };
+        p.record_exit(exit);
+        p.record_gap(us(gap), t);
+        exit
+    }
+
+    #[test]
+    fn a_long_gap_among_polls_that_hit_leaves_the_budget_alone() {
+        let t = Instant::now();
+        let mut p = AutoPoll::new(t);
+        // rr: the next request 8 us after each answer; now and then the driver stalls for
+        // 2 ms (its vCPU taken away by the hypervisor).
+        for _ in 0..10 {
+            (0..100).for_each(|_| assert_eq!(turn(&mut p, t, 8), PollExit::Hit));
+            turn(&mut p, t, 2000);
+            assert_eq!(p.budget(t), 50, "a stall alone");
+        }
+        // Bursts of 50 round trips 20 us apart, 8 ms of silence between: every round trip
+        // of every burst is caught.
+        for _ in 0..20 {
+            (0..50).for_each(|_| assert_eq!(turn(&mut p, t, 20), PollExit::Hit));
+            turn(&mut p, t, 8000);
+        }
+        assert_eq!(p.budget(t), 50);
+        // Two long gaps within 16 polls: they are the traffic's own; halved.
+        for _ in 0..5 {
+            turn(&mut p, t, 8);
+        }
+        turn(&mut p, t, 2000);
+        assert_eq!(p.budget(t), 25);
+        turn(&mut p, t, 2000);
+        assert_eq!(p.budget(t), 12);
     }
 
     #[test]
