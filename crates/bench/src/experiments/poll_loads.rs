@@ -633,16 +633,10 @@ fn fresh_result(against: BusyPoll, auto: Vec<f64>, other: Vec<f64>) -> Fresh {
         summary(auto.iter().copied()),
         summary(other.iter().copied()),
     );
-    let ratios: Vec<f64> = auto
-        .iter()
-        .zip(&other)
-        .filter(|(_, o)| **o != 0.0)
-        .map(|(a, o)| a / o)
-        .collect();
     Fresh {
         against,
         ratio_of_medians: (o.median != 0.0).then(|| a.median / o.median),
-        per_round: Summary::of(&ratios),
+        per_round: paired_ratios(&auto, &other),
         auto: a,
         other: o,
         auto_runs: auto,
@@ -650,14 +644,19 @@ fn fresh_result(against: BusyPoll, auto: Vec<f64>, other: Vec<f64>) -> Fresh {
     }
 }
 
-/// The ratios of `a`'s main figures over `b`'s, repeat by repeat (a repeat whose `b` is 0
-/// left out); none without any.
+/// The ratios of `a`'s main figures over `b`'s, repeat by repeat; none without any.
 fn per_repeat(a: &[Run], b: &[Run]) -> Option<Summary> {
+    let main = |runs: &[Run]| runs.iter().map(|r| r.main).collect::<Vec<_>>();
+    paired_ratios(&main(a), &main(b))
+}
+
+/// `a[i] / b[i]` for each pair whose `b` is not 0, summarised; none without any.
+fn paired_ratios(a: &[f64], b: &[f64]) -> Option<Summary> {
     let ratios: Vec<f64> = a
         .iter()
         .zip(b)
-        .filter(|(_, b)| b.main != 0.0)
-        .map(|(a, b)| a.main / b.main)
+        .filter(|(_, b)| **b != 0.0)
+        .map(|(a, b)| a / b)
         .collect();
     Summary::of(&ratios)
 }
