@@ -11,9 +11,9 @@
 //!   caught changes nothing; a gap that outlasted the poll but ended within [`MAX_POLL_US`]
 //!   (a near miss: a longer poll would have caught it) doubles the budget, from at least
 //!   [`START_POLL_US`], up to [`MAX_POLL_US`]; a gap longer than that (nothing a poll could
-//!   catch) halves it, and below [`START_POLL_US`] it stops polling, unless it came alone
-//!   (every other poll of the last [`OUTCOMES`] hit: a pause between bursts, or a peer
-//!   stalled for a moment, which leaves the budget as it was). So it polls about as
+//!   catch) halves it, unless it came alone (every other poll of the last [`OUTCOMES`] hit:
+//!   a pause between bursts, or a peer stalled for a moment; the budget stays as it was),
+//!   and below [`START_POLL_US`] it stops polling. So it polls about as
 //!   long as a hit usually takes, stops when hits are rare (an idle or trickling queue), and
 //!   starts again at the first near miss. A gap after a poll the scheduler cut short moves
 //!   nothing: another task ran in it, and it would only grow polls on a shared CPU.
