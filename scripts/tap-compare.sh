@@ -257,10 +257,14 @@ device_dpdk() { # sock
     >"$work/dev.log" 2>&1 &
   pids+=($!)
 }
-guest_testpmd() { # mode size sock
+# The guest: testpmd on virtio-user, printing its rates each second, or, given COMMANDS (a
+# FIFO), interactive and taking its commands from there.
+guest_testpmd() { # mode size sock [commands]
+  local app=(--stats-period 1) input=/dev/null
+  if [ -n "${4:-}" ]; then app=(-i) input=$4; fi
   dpdk-testpmd --lcores "0@$dev_cpu,1@$guest_cpu" --no-huge -m 1024 --no-pci \
     --file-prefix vnt-tdrv --vdev "net_virtio_user0,path=$3,queues=1,mac=$guest_mac" -- \
-    --forward-mode="$1" --txpkts="$2" --stats-period 1 >"$work/drv.log" 2>&1 &
+    "${app[@]}" --forward-mode="$1" --txpkts="$2" <"$input" >"$work/drv.log" 2>&1 &
   pids+=($!)
 }
 stop_last() { # signal
@@ -317,10 +321,7 @@ run_zero_loss() { # seconds
   # is, as vhost_net does), though testpmd counted them sent.
   local cmds=$work/testpmd.cmds
   rm -f "$cmds" && mkfifo "$cmds"
-  dpdk-testpmd --lcores "0@$dev_cpu,1@$guest_cpu" --no-huge -m 1024 --no-pci \
-    --file-prefix vnt-tdrv --vdev "net_virtio_user0,path=$sock,queues=1,mac=$guest_mac" -- \
-    -i --forward-mode=txonly --txpkts=64 <"$cmds" >"$work/drv.log" 2>&1 &
-  pids+=($!)
+  guest_testpmd txonly 64 "$sock" "$cmds"
   local guest=${pids[-1]}
   exec 3>"$cmds"
   echo start >&3

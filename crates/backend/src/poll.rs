@@ -334,7 +334,7 @@ impl AutoPoll {
                 // Back soon after it cleared: the contention never went, the scheduler only
                 // let the worker run for a while (on AMD EPYC family 26 under Linux 6.18 a
                 // worker that slept through its back-off runs ahead of a spinning thread).
-                Some((t, b)) if now.saturating_duration_since(t) < BACKOFF_MEMORY => b * 2,
+                Some((_, b)) if recent => b * 2,
                 _ => BACKOFF_MIN,
             }
             .clamp(BACKOFF_MIN, BACKOFF_MAX);

@@ -36,8 +36,9 @@ const FIN: u8 = 0x01;
 const SYN: u8 = 0x02;
 const RST: u8 = 0x04;
 const ACK: u8 = 0x10;
-/// The IPv4 protocol number of TCP, and a TCP header without options.
+/// The IPv4 protocol number of TCP.
 const PROTO_TCP: u8 = 6;
+/// A TCP header without options.
 const TCP_HDR_LEN: usize = 20;
 
 /// A connection, named from our side: the peer's address and port, and our port.
