@@ -509,7 +509,7 @@ impl Connection {
             let max_chain = 16;
             let addr = self
                 .alloc
-                .alloc(IndirectArea::bytes_needed(size, max_chain), 16)?;
+                .alloc(IndirectArea::bytes_needed(size, max_chain), 64)?;
             Some(IndirectArea { addr, max_chain })
         } else {
             None
