@@ -312,7 +312,8 @@ fn poll_loads(r: &Value) {
             want.push(&off);
         }
         assert_eq!(against, want, "{name}");
-        let rounds = r["repeats"].as_u64().unwrap() as usize;
+        let rounds = r["fresh_rounds"].as_u64().unwrap() as usize;
+        assert_eq!(rounds, 2 * r["repeats"].as_u64().unwrap() as usize);
         for f in fresh {
             let (a, o) = (&f["auto_runs"], &f["other_runs"]);
             assert_eq!(a.as_array().unwrap().len(), rounds, "{name}: {f}");

@@ -57,6 +57,11 @@ pub const ON_OFF: OnOff = OnOff {
 pub const STREAM_FRAME: usize = 1500;
 /// The CPU the contended load's two workers share.
 pub const CONTENDED_CPU: usize = 0;
+/// Fresh comparisons alternate auto and the other setting this many times per repeat, in
+/// runs this many times shorter than the sweep's: more alternations in the same time, so the
+/// machine's drift (its rates here move between levels every few seconds, whichever setting
+/// runs) weighs less on each side's median.
+pub const FRESH_ROUNDS_PER_REPEAT: u32 = 2;
 
 /// A kind of traffic.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -198,6 +203,10 @@ pub struct Fresh {
 pub struct Results {
     pub secs_per_run: f64,
     pub repeats: u32,
+    /// The fresh comparisons' rounds and run length: [`FRESH_ROUNDS_PER_REPEAT`] times as many
+    /// rounds as repeats, each run as much shorter, so they take the sweep's time per pair.
+    pub fresh_rounds: u32,
+    pub fresh_secs_per_run: f64,
     /// Drivers on CPU 0, workers on CPU 1 (idle, rr, stream, bursty).
     pub pinned: bool,
     pub contended_cpu: usize,
@@ -562,16 +571,27 @@ pub fn measure(o: &Options, progress: Progress<'_>) -> Result<Results, BenchErro
         .collect();
     // The sweep's best fixed timeout is the best of three noisy medians, so on its own runs
     // it looks better than it is (the winner's curse): auto is held against it on new runs.
+    let fresh_rounds = repeats * FRESH_ROUNDS_PER_REPEAT;
+    let fresh_secs = secs / FRESH_ROUNDS_PER_REPEAT as f64;
     for l in &mut loads {
         let mut against = vec![l.best_fixed];
         if l.load == Load::Contended {
             against.push(BusyPoll::Off); // The target: never worse than off.
         }
-        l.fresh = fresh(l.load, &against, repeats, secs, pinned, &mut *progress)?;
+        l.fresh = fresh(
+            l.load,
+            &against,
+            fresh_rounds,
+            fresh_secs,
+            pinned,
+            &mut *progress,
+        )?;
     }
     Ok(Results {
         secs_per_run: secs,
         repeats,
+        fresh_rounds,
+        fresh_secs_per_run: fresh_secs,
         pinned,
         contended_cpu: CONTENDED_CPU,
         on_off: ON_OFF,
@@ -746,14 +766,15 @@ pub fn tables(r: &Results) -> Vec<Table> {
     }
     f.note(format!(
         "The sweep's best fixed timeout is the best of three noisy medians, which favours it on \
-         its own runs; here each pair ran again, {} of one run each, auto first in every other \
-         round. Targets: idle under 1% of a core (auto's device CPU in the sweep); auto \
+         its own runs; here each pair ran again, {} of one {:.2} s run each, auto first in \
+         every other round. Targets: idle under 1% of a core (auto's device CPU in the sweep); auto \
          within 5% of the best fixed timeout (ratio of medians at least 0.95); contended, never \
          worse than off (at least 1.00).",
-        match r.repeats {
+        match r.fresh_rounds {
             1 => "1 round".to_string(),
             n => format!("{n} rounds"),
-        }
+        },
+        r.fresh_secs_per_run
     ));
     let mut d = Table::new(
         "7. Busy polling across loads, every cell",
