@@ -2,11 +2,12 @@
 # Busy polling between two backend *processes* whose workers share CPU 0 (experiment 7's
 # contended load runs both backends in one process, where auto counts the other worker as a
 # sibling). Each backend echoes a `virtnet gen --mode rr` that is not pinned.
-# Usage: scripts/poll-contended.sh ROUNDS SECONDS [SETTING...]   (default: off 10 50 100 auto)
+# Usage: scripts/poll-contended.sh [ROUNDS [SECONDS [SETTING...]]]   (3, 3, off 10 50 100 auto;
+# needs a release build)
 # Prints, per run, each backend's transactions/s and its busy-poll counters, then the total.
 root=$(cd "$(dirname "$0")/.." && pwd)
 B=${VIRTNET_BIN:-$root/target/release/virtnet}
-rounds=${1:-3}; secs=${2:-3}; shift 2
+rounds=${1:-3}; secs=${2:-3}; shift $(($# < 2 ? $# : 2))
 settings=("$@"); [ ${#settings[@]} -gt 0 ] || settings=(off 10 50 100 auto)
 w=$(mktemp -d /tmp/vnt-contended-XXXX)
 be=()

@@ -21,7 +21,7 @@ pub const USED_ALIGN: u64 = 4;
 /// as Linux's virtio_pci lays out a modern queue (`SMP_CACHE_BYTES`). Packed right after the
 /// avail ring, the used index (the device writes it, the driver polls it) shares a line with
 /// the avail ring's tail and `used_event` (the driver writes them): two-thread ping-pong
-/// publishing every used entry ran 1.2x faster with the line split (docs/PERFORMANCE.md).
+/// publishing every used entry ran 1.26x faster with the line split (docs/PERFORMANCE.md).
 pub const DRIVER_USED_ALIGN: u64 = 64;
 
 /// Descriptor flags (`VIRTQ_DESC_F_*`).
