@@ -119,9 +119,10 @@ impl<H: Host> Worker<H> {
             }
         }
         // Opened by this thread (the file is the opener's), before seccomp forbids opening.
-        self.sibling = SchedStat::open()
-            .ok()
-            .map(|s| Sibling::join(self.shared.config.worker_cpu, s));
+        self.sibling = SchedStat::open().ok().map(|s| {
+            let config = &self.shared.config;
+            Sibling::join(config.worker_cpu, s, config.worker_board.as_deref())
+        });
         if self.shared.config.seccomp {
             virtnet_sys::sandbox::restrict_thread()
                 .map_err(Error::host("installing the worker's seccomp filter"))?;

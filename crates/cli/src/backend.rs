@@ -169,6 +169,7 @@ pub fn run(args: BackendArgs) -> Result<(), Box<dyn std::error::Error>> {
         used_batch: args.used_batch,
         poll_rx_from_tx: !args.no_poll_rx_from_tx,
         worker_cpu: args.worker_cpu,
+        worker_board: Some(virtnet_backend::siblings::Board::default_path()),
         tap_sndbuf: args.tap_sndbuf,
         tap_io: args.tap_io,
         seccomp: sandbox,

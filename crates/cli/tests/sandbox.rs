@@ -90,7 +90,8 @@ fn the_backend_keeps_only_net_admin_and_its_workers_run_under_seccomp() {
         return;
     }
     let dir = ScratchDir::new("sandbox").unwrap();
-    let mut child = start(dir.path(), &[]);
+    // Pinned: each worker takes a slot on the board of pinned workers before its filter.
+    let mut child = start(dir.path(), &["--worker-cpu", "0"]);
     let mut p = connect_socket(&dir.join("vhost.sock"), WANTED, 1536);
     assert_eq!(
         echo_round(&mut p, 64, 64).len(),
@@ -123,6 +124,27 @@ fn the_backend_keeps_only_net_admin_and_its_workers_run_under_seccomp() {
     let t = threads(pid);
     let main = t.iter().find(|(name, _)| name == "virtnet").unwrap();
     assert_eq!(main.1, "0", "the protocol side is not filtered: {t:?}");
+    // Both pairs' workers are on the board (/dev/shm/virtnet-workers-0) as pinned to CPU 0,
+    // and its watcher, which opens other backends' schedstat files, is not filtered.
+    let board = std::fs::read("/dev/shm/virtnet-workers-0").unwrap();
+    let word = |r: &[u8], i: usize| u32::from_le_bytes(r[i..i + 4].try_into().unwrap());
+    let slots: Vec<u32> = board
+        .chunks_exact(16)
+        .filter(|r| word(r, 0) == 1 && word(r, 4) == pid)
+        .map(|r| word(r, 8))
+        .collect();
+    let pairs: Vec<String> = slots
+        .iter()
+        .map(|tid| std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm")).unwrap())
+        .map(|name| name.trim().to_string())
+        .collect();
+    assert_eq!(pairs.len(), 2, "{pairs:?}");
+    assert!(
+        pairs.iter().all(|n| n.starts_with("virtnet-pair")),
+        "{pairs:?}"
+    );
+    let watcher = t.iter().find(|(name, _)| name == "virtnet-board");
+    assert_eq!(watcher.map(|w| w.1.as_str()), Some("0"), "{t:?}");
     drop(p);
     // A second connection through the filtered workers: queues stopped and started again.
     let mut p = connect_socket(&dir.join("vhost.sock"), WANTED, 1536);

@@ -1,10 +1,10 @@
-//! virtnet's OS interfaces, the only `unsafe` code outside the ring engine's guest memory:
-//! the system calls of the data path. TAP ioctls and frame
-//! I/O ([`tap`], whose vectored I/O into guest memory is vring's `GuestMemory::writev_to` and
-//! `readv_from`), the eventfds shared with the peer ([`peer_fd`]: checked on adoption, reads
-//! that cannot block, writes a watchdog interrupts when the peer makes them block), opening the inherited listening
-//! socket, systemd's socket activation and readiness notification ([`activation`]), and the per-thread scheduler and CPU-time readings used by busy polling and the
-//! benchmarks.
+//! virtnet's OS interfaces, the only `unsafe` code outside the ring engine's guest memory: the
+//! system calls of the data path. TAP ioctls and frame I/O ([`tap`], whose vectored I/O into guest
+//! memory is vring's `GuestMemory::writev_to` and `readv_from`), the eventfds shared with the peer
+//! ([`peer_fd`]: checked on adoption, reads that cannot block, writes a watchdog interrupts when
+//! the peer makes them block), opening the inherited listening socket, systemd's socket activation
+//! and readiness notification ([`activation`]), and the per-thread scheduler and CPU-time readings
+//! and file-range locks used by busy polling (the board of pinned workers) and the benchmarks.
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
@@ -164,6 +164,60 @@ pub fn pin_thread(cpu: usize) -> io::Result<()> {
     Ok(())
 }
 
+/// The calling process's effective user id.
+pub fn effective_uid() -> u32 {
+    // SAFETY: geteuid has no arguments and cannot fail.
+    unsafe { libc::geteuid() }
+}
+
+/// The calling thread's id.
+pub fn thread_id() -> u32 {
+    // SAFETY: gettid has no arguments and cannot fail.
+    unsafe { libc::gettid() as u32 }
+}
+
+/// Whether an open file description other than `file`'s holds a lock on any of `len` bytes
+/// of `file` from `start` (F_OFD_GETLK).
+pub fn range_locked(file: &std::fs::File, start: u64, len: u64) -> io::Result<bool> {
+    let mut fl = ofd_lock(start, len)?;
+    // SAFETY: `fl` is a valid flock for the duration of the call; F_OFD_GETLK writes it.
+    let r = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_OFD_GETLK, &mut fl) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(fl.l_type != libc::F_UNLCK as libc::c_short)
+}
+
+/// A write lock on `len` bytes from `start`, for F_OFD_SETLK and F_OFD_GETLK.
+fn ofd_lock(start: u64, len: u64) -> io::Result<libc::flock> {
+    let too_far = || io::Error::new(io::ErrorKind::InvalidInput, "lock range too far");
+    // SAFETY: flock is plain old data; all-zero is a valid value.
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = libc::F_WRLCK as libc::c_short;
+    fl.l_whence = libc::SEEK_SET as libc::c_short;
+    fl.l_start = libc::off_t::try_from(start).map_err(|_| too_far())?;
+    fl.l_len = libc::off_t::try_from(len).map_err(|_| too_far())?;
+    Ok(fl)
+}
+
+/// Takes an exclusive lock on `len` bytes of `file` from `start`, owned by its open file
+/// description (F_OFD_SETLK), without waiting: false when another description holds a lock
+/// there, in this process or another. The lock lasts until that description is closed, so a
+/// process that dies gives it up.
+pub fn try_lock_range(file: &std::fs::File, start: u64, len: u64) -> io::Result<bool> {
+    let fl = ofd_lock(start, len)?;
+    // SAFETY: `fl` is a valid flock for the duration of the call; F_OFD_SETLK reads it only.
+    let r = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_OFD_SETLK, &fl) };
+    if r == 0 {
+        return Ok(true);
+    }
+    let e = io::Error::last_os_error();
+    match e.raw_os_error() {
+        Some(libc::EAGAIN | libc::EACCES) => Ok(false),
+        _ => Err(e),
+    }
+}
+
 /// Whether `fd` is readable now (poll with a zero timeout): the cheap "does the TAP have a
 /// frame" test of busy polling.
 pub fn readable_now(fd: RawFd) -> bool {
@@ -241,7 +295,16 @@ pub struct SchedStat(std::fs::File);
 impl SchedStat {
     /// Opens the calling thread's file; an error when the kernel keeps no schedstats.
     pub fn open() -> io::Result<SchedStat> {
-        let s = SchedStat(std::fs::File::open("/proc/thread-self/schedstat")?);
+        SchedStat::open_path("/proc/thread-self/schedstat")
+    }
+
+    /// Opens the file of thread `tid` of process `pid`.
+    pub fn open_thread(pid: u32, tid: u32) -> io::Result<SchedStat> {
+        SchedStat::open_path(&format!("/proc/{pid}/task/{tid}/schedstat"))
+    }
+
+    fn open_path(path: &str) -> io::Result<SchedStat> {
+        let s = SchedStat(std::fs::File::open(path)?);
         s.sample()
             .map(|_| s)
             .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "unreadable schedstat"))
