@@ -1,10 +1,12 @@
 #!/bin/bash
 # Busy polling between two backend *processes* whose workers share CPU 0 (experiment 7's
-# contended load runs both backends in one process, where auto counts the other worker as a
-# sibling). Each backend echoes a `virtnet gen --mode rr` that is not pinned.
+# contended load runs both backends in one process; here auto finds the other backend's
+# worker on the board of pinned workers, backend/src/siblings.rs). Each backend echoes a
+# `virtnet gen --mode rr` that is not pinned.
 # Usage: scripts/poll-contended.sh [ROUNDS [SECONDS [SETTING...]]]   (3, 3, off 10 50 100 auto;
 # needs a release build)
-# Prints, per run, each backend's transactions/s and its busy-poll counters, then the total.
+# Prints, per run, the total transactions/s, the split (the slower backend's rate over the
+# faster's: 1 is even), and each backend's rate and busy-poll counters.
 root=$(cd "$(dirname "$0")/.." && pwd)
 B=${VIRTNET_BIN:-$root/target/release/virtnet}
 rounds=${1:-3}; secs=${2:-3}; shift $(($# < 2 ? $# : 2))
@@ -35,7 +37,7 @@ one() { # setting
   rm -f $w/*.sock $w/*.ctl
   W=$w S=$1 python3 - <<'PY'
 import json, os
-w, total, parts = os.environ['W'], 0, []
+w, total, parts, rates = os.environ['W'], 0, [], []
 for i in (0, 1):
     d = json.load(open(f'{w}/{i}.json'))
     tps = sum(p['round_trips'] for p in d['per_pair']) / d['elapsed_s']
@@ -45,7 +47,9 @@ for i in (0, 1):
         i, tps, s('busy_poll_hits'), s('busy_poll_timeouts'), s('busy_poll_skipped'),
         s('busy_poll_contended')))
     total += tps
-print('%-5s total %6.0f/s: %s' % (os.environ['S'], total, '; '.join(parts)))
+    rates.append(tps)
+print('%-5s total %6.0f/s, split %.2f: %s' % (
+    os.environ['S'], total, min(rates) / max(max(rates), 1), '; '.join(parts)))
 PY
 }
 for r in $(seq "$rounds"); do
