@@ -89,7 +89,8 @@ pub struct BackendArgs {
     /// While busy polling tx, do not poll the TAP for rx (rx polling from the tx path off).
     #[arg(long)]
     no_poll_rx_from_tx: bool,
-    /// Pin the data workers to this CPU.
+    /// Pin the data workers to this CPU. Auto busy polling shares it with the pinned workers
+    /// of this user's other backends, found on /dev/shm/virtnet-workers-UID.
     #[arg(long)]
     worker_cpu: Option<usize>,
     /// A send buffer for the TAP in bytes (TUNSETSNDBUF): guest tx the kernel may hold before
