@@ -313,7 +313,8 @@ fn poll_loads(r: &Value) {
         }
         assert_eq!(against, want, "{name}");
         let rounds = r["fresh_rounds"].as_u64().unwrap() as usize;
-        assert_eq!(rounds, 2 * r["repeats"].as_u64().unwrap() as usize);
+        let per_repeat = bench::experiments::poll_loads::FRESH_ROUNDS_PER_REPEAT as usize;
+        assert_eq!(rounds, per_repeat * r["repeats"].as_u64().unwrap() as usize);
         for f in fresh {
             let (a, o) = (&f["auto_runs"], &f["other_runs"]);
             assert_eq!(a.as_array().unwrap().len(), rounds, "{name}: {f}");

@@ -133,7 +133,8 @@ mod tests {
             assert_eq!(a.avail.0 % AVAIL_ALIGN, 0);
             assert_eq!(a.used.0 % DRIVER_USED_ALIGN, 0);
             // The used index is on no line the avail ring (or used_event) touches.
-            assert!((a.avail.0 + avail_ring_size(n)).div_ceil(64) <= a.used.0 / 64);
+            let line = DRIVER_USED_ALIGN;
+            assert!((a.avail.0 + avail_ring_size(n)).div_ceil(line) <= a.used.0 / line);
             assert!(a.desc.0 + desc_table_size(n) <= a.avail.0);
             assert!(a.avail.0 + avail_ring_size(n) <= a.used.0);
             assert_eq!(
