@@ -38,8 +38,7 @@ use virtnet_sys::{Sched, SchedStat};
 /// [`crate::poll::CHECK_EVERY`] in a row; a back-off this causes ends at its next check).
 pub const WATCH_EVERY: Duration = Duration::from_millis(100);
 
-/// A worker known to this process: one of its own (with its board slot, if it has one), or
-/// another process's, found on the board by the watcher.
+/// A worker of this process: its schedstat, and its slot on the board if it has one.
 #[derive(Debug)]
 struct Member {
     stat: SchedStat,
@@ -48,7 +47,6 @@ struct Member {
 
 /// What this process knows of pinned workers: its own, while they live, and the other
 /// processes' the watcher found.
-#[derive(Default)]
 struct Registry {
     own: Vec<(usize, Weak<Member>)>,
     others: Vec<Other>,
