@@ -300,6 +300,8 @@ fn poll_loads(r: &Value) {
                     u(run, &["busy_poll_skipped"]);
                     u(run, &["busy_poll_contended"]);
                 }
+                let steal = run["steal_pct"].as_f64().expect("steal_pct");
+                assert!((0.0..=100.0).contains(&steal), "{name}: {run}");
             }
         }
         // Fresh rounds: auto against the sweep's best fixed timeout (and off, contended),

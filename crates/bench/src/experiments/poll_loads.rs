@@ -147,6 +147,10 @@ pub struct Run {
     pub busy_poll_skipped: u64,
     pub busy_poll_contended: u64,
     pub auto_budget_us: u32,
+    /// The share of the machine's CPU time the hypervisor gave to others over the run
+    /// (steal, from /proc/stat, over all CPUs), in percent; 0 where the kernel keeps none.
+    /// On a shared VM every rate here follows it (docs/PERFORMANCE.md).
+    pub steal_pct: f64,
 }
 
 #[derive(Debug, Serialize)]
@@ -158,6 +162,7 @@ pub struct SettingResult {
     pub device_cpu_us_per_frame: Option<Summary>,
     pub p50_us: Option<Summary>,
     pub p99_us: Option<Summary>,
+    pub steal_pct: Summary,
     pub runs: Vec<Run>,
 }
 
@@ -321,6 +326,7 @@ fn gen_pinned(cfg: virtnet_driver::gen::GenConfig, pinned: bool) -> Result<GenRe
 struct Start {
     times: ThreadTimes,
     counts: Counts,
+    steal: Option<Steal>,
     at: Instant,
 }
 
@@ -329,8 +335,39 @@ impl Start {
         Start {
             times: ThreadTimes::now(),
             counts: Counts::of(backends),
+            steal: Steal::now(),
             at: Instant::now(),
         }
+    }
+}
+
+/// The steal time of all CPUs so far, in clock ticks (1/100 s), and how many CPUs there are.
+#[derive(Clone, Copy, Debug)]
+struct Steal {
+    ticks: u64,
+    cpus: u64,
+}
+
+impl Steal {
+    fn now() -> Option<Steal> {
+        let stat = std::fs::read_to_string("/proc/stat").ok()?;
+        let field = |l: &str| l.split_ascii_whitespace().nth(8)?.parse::<u64>().ok();
+        let ticks = stat.lines().find(|l| l.starts_with("cpu "))?;
+        let cpus = stat
+            .lines()
+            .filter(|l| l.starts_with("cpu") && l.as_bytes().get(3).is_some_and(u8::is_ascii_digit))
+            .count() as u64;
+        Some(Steal {
+            ticks: field(ticks)?,
+            cpus: cpus.max(1),
+        })
+    }
+
+    /// Percent of all CPUs' time over `wall` that was stolen since `self`.
+    fn pct_since(&self, wall: Duration) -> Option<f64> {
+        let now = Steal::now()?;
+        let ticks = now.ticks.saturating_sub(self.ticks) as f64;
+        Some(ticks / (wall.as_secs_f64().max(1e-9) * 100.0 * self.cpus as f64) * 100.0)
     }
 }
 
@@ -378,6 +415,7 @@ fn device(run: &mut Run, backends: &[LocalBackend], start: &Start) {
     run.busy_poll_timeouts = now.timeouts - before.timeouts;
     run.busy_poll_skipped = now.skipped - before.skipped;
     run.busy_poll_contended = now.contended - before.contended;
+    run.steal_pct = start.steal.and_then(|s| s.pct_since(wall)).unwrap_or(0.0);
     run.auto_budget_us = backends
         .first()
         .and_then(|b| b.device.reports().into_iter().find(|q| q.kind == "tx"))
@@ -511,6 +549,7 @@ fn setting_result(load: Load, busy_poll: BusyPoll, runs: Vec<Run>) -> SettingRes
         device_cpu_us_per_frame: Summary::of(&per_frame),
         p50_us: latency(|r| r.p50_us),
         p99_us: latency(|r| r.p99_us),
+        steal_pct: summary(runs.iter().map(|r| r.steal_pct)),
         runs,
     }
 }
@@ -788,6 +827,7 @@ pub fn tables(r: &Results) -> Vec<Table> {
             "device CPU us/frame",
             "poll hits/entries",
             "auto skipped/contended",
+            "steal %",
         ],
     );
     for l in &r.loads {
@@ -815,13 +855,15 @@ pub fn tables(r: &Results) -> Vec<Table> {
                     ),
                     _ => "-".into(),
                 },
+                s.steal_pct.display(0),
             ]);
         }
     }
     d.note(
         "device CPU: the threads living through the run (the device's), from schedstat, over the \
          run's wall time (connection and drain included); per frame: over the frames it moved, tx \
-         and rx. Poll counts are summed over the runs.",
+         and rx. Poll counts are summed over the runs. Steal: the share of all CPUs' time the \
+         hypervisor gave to others during the runs; every rate here falls as it rises.",
     );
     d.note(format!(
         "bursty: rr for {} ms, then nothing for {} ms, over and over; its rate counts the silences.",
