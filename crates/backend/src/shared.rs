@@ -146,9 +146,9 @@ pub struct BackendConfig {
     pub poll_rx_from_tx: bool,
     /// Pin every data worker to this CPU (the contended case of the busy-polling benchmark).
     pub worker_cpu: Option<usize>,
-    /// Where pinned workers of several backends publish how long they ran, so that auto busy
-    /// polling tells the other backends' workers on its CPU from other tasks
-    /// (`crate::siblings::Board`). None: only this process's workers are known.
+    /// The file where pinned workers of several backends list themselves (CPU, process,
+    /// thread), so that auto busy polling tells the other backends' workers on its CPU from
+    /// other tasks (`crate::siblings::Board`). None: only this process's workers are known.
     pub worker_board: Option<std::path::PathBuf>,
     /// A send buffer for the TAP in bytes (TUNSETSNDBUF): how much of the guest's tx the
     /// kernel may hold before the TAP pushes back. None keeps the kernel's, unlimited
