@@ -19,12 +19,16 @@ use super::thread::WorkerHandle;
 use super::worker::Worker;
 use virtnet_sys::tap::{TapOffloads, TapQueue};
 
+/// The name of each pair's worker thread, followed by the pair's number (how the board of
+/// pinned workers, `crate::siblings`, recognises another backend's worker).
+pub const PAIR_THREAD: &str = "virtnet-pair";
+
 /// Starts the worker of pair `pair` on host port `host`.
 fn spawn_pair<H: Host>(pair: u16, host: H, shared: &Arc<Shared>) -> io::Result<WorkerHandle> {
     let wake = shared.wakes[pair as usize].try_clone()?;
     let s = shared.clone();
     WorkerHandle::spawn(
-        format!("virtnet-pair{pair}"),
+        format!("{PAIR_THREAD}{pair}"),
         wake,
         move |inbox| match Worker::new(pair, host, s, inbox) {
             Ok(mut w) => report_exit("data", w.run()),

@@ -50,22 +50,22 @@ struct Member {
 struct Registry {
     own: Vec<(usize, Weak<Member>)>,
     others: Vec<Other>,
-    /// The board the watcher reads, while it runs.
-    watched: Option<PathBuf>,
+    /// Whether the watcher runs.
+    watching: bool,
 }
 
-/// Another process's worker, as its slot read when the watcher opened its schedstat.
+/// Another process's worker: its slot, what the slot said when the watcher opened its
+/// schedstat, and that schedstat.
 struct Other {
-    cpu: usize,
     slot: u64,
-    record: [u8; SLOT_BYTES as usize],
+    who: Slot,
     stat: SchedStat,
 }
 
 static REGISTRY: Mutex<Registry> = Mutex::new(Registry {
     own: Vec::new(),
     others: Vec::new(),
-    watched: None,
+    watching: false,
 });
 
 fn registry() -> MutexGuard<'static, Registry> {
@@ -102,9 +102,9 @@ impl Sibling {
                     "no board of pinned workers: other backends' polls will count as contention"
                 )
             });
-            if joined.is_ok() && reg.watched.is_none() {
+            if joined.is_ok() && !reg.watching {
                 match spawn_watcher(path) {
-                    Ok(()) => reg.watched = Some(path.to_owned()),
+                    Ok(()) => reg.watching = true,
                     Err(e) => tracing::warn!(error = %e, "cannot start the board's watcher"),
                 }
             }
@@ -140,7 +140,7 @@ impl Sibling {
         let elsewhere = reg
             .others
             .iter()
-            .filter(|o| o.cpu == cpu)
+            .filter(|o| o.who.cpu == cpu)
             .filter_map(|o| o.stat.sample());
         let siblings = here
             .chain(elsewhere)
@@ -163,7 +163,7 @@ fn spawn_watcher(path: &Path) -> io::Result<()> {
             let mut reg = registry();
             if !reg.own_members().any(|(_, m)| m.slot.is_some()) {
                 reg.others.clear();
-                reg.watched = None;
+                reg.watching = false;
                 return;
             }
             watch(&file, &mut reg);
@@ -187,11 +187,7 @@ fn watch(file: &File, reg: &mut Registry) {
         if ours.contains(&slot) || !live(slot) {
             continue;
         }
-        if let Some(i) = reg
-            .others
-            .iter()
-            .position(|o| o.slot == slot && o.record[..] == record[..])
-        {
+        if let Some(i) = reg.others.iter().position(|o| o.slot == slot && o.who == w) {
             kept.push(reg.others.swap_remove(i));
             continue;
         }
@@ -199,12 +195,7 @@ fn watch(file: &File, reg: &mut Registry) {
             continue;
         }
         if let Ok(stat) = SchedStat::open_thread(w.pid, w.tid) {
-            kept.push(Other {
-                cpu: w.cpu,
-                slot,
-                record: record.try_into().unwrap_or_default(),
-                stat,
-            });
+            kept.push(Other { slot, who: w, stat });
         }
     }
     reg.others = kept;
@@ -218,6 +209,7 @@ const SLOT_BYTES: u64 = 16;
 const BOARD_BYTES: u64 = SLOTS * SLOT_BYTES;
 
 /// What a slot says.
+#[derive(PartialEq, Eq)]
 struct Slot {
     cpu: usize,
     pid: u32,
@@ -246,7 +238,7 @@ impl Slot {
     /// another process wrote cannot name just any thread.
     fn is_worker_thread(&self) -> bool {
         std::fs::read(format!("/proc/{}/task/{}/comm", self.pid, self.tid))
-            .is_ok_and(|name| name.starts_with(b"virtnet-pair"))
+            .is_ok_and(|name| name.starts_with(crate::device::PAIR_THREAD.as_bytes()))
     }
 }
 
