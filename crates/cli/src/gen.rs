@@ -62,8 +62,8 @@ pub struct GenArgs {
     spin_us: u64,
     /// Do not ask for VIRTIO_F_IN_ORDER. By default it is taken when the device offers it:
     /// used buffers are then reclaimed in the order they were posted, one used element read
-    /// per batch the device reports, and descriptors and buffers reused in ring order. For
-    /// A/B runs.
+    /// per batch the device reports on rx and none on tx (the used index says it all), and
+    /// descriptors and buffers reused in ring order. For A/B runs.
     #[arg(long)]
     no_in_order: bool,
     /// How control commands wait for their answer: irq (sleep) or poll (spin).

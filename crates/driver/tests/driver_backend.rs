@@ -403,10 +403,25 @@ fn checksum_and_tso_flags_travel_in_the_header() {
     assert_eq!(p.tx.counters.gso_offloaded, 1);
 }
 
+/// A driver on `b` with one pair, IN_ORDER asked for or not.
+fn driver_in_order(b: &Backend, in_order: bool) -> NetDriver {
+    let mut features = virtnet_driver::DEFAULT_FEATURES;
+    if !in_order {
+        features = features.difference(Features::IN_ORDER);
+    }
+    let cfg = DriverConfig {
+        features,
+        ..Default::default()
+    };
+    NetDriver::connect(&b.socket, &cfg).expect("connect")
+}
+
 #[test]
 fn garbage_in_the_used_ring_breaks_that_queue_only() {
     let b = echo_backend("drv-garbage");
-    let mut d = driver(&b, 1, None);
+    // Without IN_ORDER the tx completion path reads each used element (with it, none:
+    // see the next test).
+    let mut d = driver_in_order(&b, false);
     let mem = d.connection().mem.clone();
     let used = d.connection().queue(1).unwrap().config.rings().used.0;
     let mut p = d.take_pairs().remove(0);
@@ -449,6 +464,34 @@ fn garbage_in_the_used_ring_breaks_that_queue_only() {
     assert!(!p.rx.counters.is_broken());
     p.rx.poll(16, PollMode::Napi, Frames(|_: &[u8]| {}))
         .unwrap();
+}
+
+#[test]
+fn with_in_order_tx_completions_read_no_used_element() {
+    let b = echo_backend("drv-tx-unread");
+    let mut d = driver_in_order(&b, true);
+    let mem = d.connection().mem.clone();
+    let used = d.connection().queue(1).unwrap().config.rings().used.0;
+    let mut p = d.take_pairs().remove(0);
+    assert!(p.tx.ring().in_order());
+    assert_eq!(echo(&mut p, &[frame(1, 64)]).len(), 1);
+    assert!(p.tx.drain(Duration::from_secs(5)).unwrap());
+    // Every tx used element overwritten with an id the driver never handed out, once the
+    // device has completed the frame: the used index alone reclaims it.
+    assert!(p.tx.send(&frame(2, 64), NetHdr::default()).unwrap());
+    p.tx.flush();
+    std::thread::sleep(Duration::from_millis(50));
+    let mut e = [0u8; 8];
+    e[..4].copy_from_slice(&4000u32.to_le_bytes());
+    for slot in 0..256u64 {
+        mem.write(GuestAddress(used + 4 + 8 * slot), &e).unwrap();
+    }
+    assert_eq!(p.tx.reclaim(usize::MAX).unwrap(), 1);
+    assert!(!p.tx.counters.is_broken());
+    let stats = p.tx.ring().stats();
+    assert_eq!((stats.used, stats.used_inferred), (2, 2));
+    // And the queue goes on working.
+    assert_eq!(echo(&mut p, &[frame(3, 64)]).len(), 1);
 }
 
 #[test]
@@ -501,15 +544,7 @@ fn tagged_frames_skip_the_copy_but_never_send_stale_content() {
 fn in_order_against_our_backend_frames_both_ways_every_used_element_the_next_in_order() {
     let b = echo_backend("drv-inorder");
     for in_order in [true, false] {
-        let mut features = virtnet_driver::DEFAULT_FEATURES;
-        if !in_order {
-            features = features.difference(Features::IN_ORDER);
-        }
-        let cfg = DriverConfig {
-            features,
-            ..Default::default()
-        };
-        let mut d = NetDriver::connect(&b.socket, &cfg).expect("connect");
+        let mut d = driver_in_order(&b, in_order);
         assert_eq!(d.features().contains(Features::IN_ORDER), in_order);
         let negotiated = b.device.device_report().features;
         assert_eq!(negotiated.contains("IN_ORDER"), in_order, "{negotiated}");
@@ -531,9 +566,11 @@ fn in_order_against_our_backend_frames_both_ways_every_used_element_the_next_in_
         assert_eq!(tx.used, 3000);
         assert!(rx.used > 3000, "some frames took two buffers: {}", rx.used);
         // Our device writes one used element per chain, in order: with IN_ORDER every
-        // element the driver read was the next chain in avail order (an element out of
-        // order would have been read as a batch, or broken the queue).
-        assert_eq!((tx.used_inferred, rx.used_inferred), (0, 0));
+        // element the rx side read was the next chain in avail order (an element out of
+        // order would have been read as a batch, or broken the queue). The tx side reads
+        // none with IN_ORDER: its completions need no length, the used index says them all.
+        assert_eq!(rx.used_inferred, 0);
+        assert_eq!(tx.used_inferred, if in_order { tx.used } else { 0 });
         assert!(!p.tx.counters.is_broken() && !p.rx.counters.is_broken());
         assert_eq!(p.rx.counters.dropped, 0);
         drop(p);

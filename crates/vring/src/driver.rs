@@ -67,8 +67,9 @@ pub struct DriverStats {
     pub used: u64,
     /// `enable_cb*` calls that found used entries already pending.
     pub enable_rechecks_hit: u64,
-    /// IN_ORDER: chains reclaimed as part of a batch, without a used element of their own
-    /// (included in `used`). Zero against a device that writes every element in order.
+    /// IN_ORDER: chains reclaimed without reading a used element of their own (included in
+    /// `used`): part of a batch, or taken by [`DriverQueue::get_used_token`]. Zero against a
+    /// device that writes every element in order, when reclaimed with `get_used`.
     pub used_inferred: u64,
 }
 
@@ -437,6 +438,38 @@ impl<T> DriverQueue<T> {
             self.check_used(id, len)?;
             (id as u16, len)
         };
+        Ok(self.finish_used(head).map(|t| (t, len)))
+    }
+
+    /// Reclaims the next used chain when the caller needs its token only, not the length the
+    /// device wrote (a transmit completion: the device only read the buffers). With IN_ORDER
+    /// the used index alone says which chains are done, since the device uses them in avail
+    /// order (spec 2.7.9), so no used element is read: the lines of the used ring stay in the
+    /// device's cache rather than crossing to ours and back on every lap. Only what the index
+    /// is checked for is checked (not past what is in flight); an id the device wrote out of
+    /// order goes unseen, and with it nothing but the device's own view of buffers we reuse.
+    /// Without IN_ORDER it is [`DriverQueue::get_used`].
+    pub fn get_used_token(&mut self) -> Result<Option<T>, Error> {
+        if !self.in_order {
+            return Ok(self.get_used()?.map(|(t, _)| t));
+        }
+        self.broken.check()?;
+        if self.last_used == self.used_cache && !self.refresh_used()? {
+            return Ok(None);
+        }
+        let pos = self.last_used;
+        // A batch that get_used began: this chain is in it, and may be its last.
+        if self.batch_end.is_some_and(|(end, _)| end == pos) {
+            self.batch_end = None;
+        }
+        self.stats.used_inferred += 1;
+        let head = self.order[(pos & self.mask) as usize];
+        Ok(self.finish_used(head))
+    }
+
+    /// Returns used chain `head` (the one at `last_used`) to the free list, moves past it and,
+    /// with callbacks on, asks for the next; its token.
+    fn finish_used(&mut self, head: u16) -> Option<T> {
         let token = self.detach(head);
         self.last_used = self.last_used.wrapping_add(1);
         self.stats.used += 1;
@@ -446,7 +479,7 @@ impl<T> DriverQueue<T> {
             self.rings.set_used_event(self.last_used);
             fence(SeqCst);
         }
-        Ok(token.map(|t| (t, len)))
+        token
     }
 
     /// Reads `used.idx` into the cache, checked against what is in flight; whether used
@@ -1000,6 +1033,46 @@ mod tests {
         assert_eq!(p.driver.get_used(), Ok(None));
         assert_eq!(p.driver.stats().used_inferred, 3);
         assert_eq!(p.driver.num_free(), 8);
+    }
+
+    #[test]
+    fn in_order_tokens_come_back_by_the_used_index_alone() {
+        let (mut p, heads) = in_order_pair();
+        // used.idx covers three chains; every element holds garbage that get_used would
+        // refuse (an id outside the queue): get_used_token reads none of them.
+        for i in 0..5 {
+            write_used(&p, i, 999, 999, 3);
+        }
+        let got: Vec<_> = std::iter::from_fn(|| p.driver.get_used_token().unwrap()).collect();
+        assert_eq!(got, [0, 1, 2], "in avail order, as far as used.idx says");
+        assert_eq!(p.driver.stats().used_inferred, 3);
+        assert_eq!((p.driver.num_free(), p.driver.in_flight()), (6, 2));
+        // Mixed with get_used inside a batch it began: the batch's end is taken once.
+        write_used(&p, 3, heads[4] as u32, 9, 5);
+        assert_eq!(p.driver.get_used(), Ok(Some((3, 40))));
+        assert_eq!(p.driver.get_used_token(), Ok(Some(4)));
+        assert_eq!(p.driver.get_used_token(), Ok(None));
+        assert_eq!(p.driver.get_used(), Ok(None));
+        assert_eq!(p.driver.num_free(), 8);
+        // The index is still checked: past what is in flight breaks the queue.
+        let (mut p, _) = in_order_pair();
+        write_used(&p, 0, 0, 0, 6);
+        assert!(matches!(
+            p.driver.get_used_token(),
+            Err(Error::UsedIdxOutOfRange { used_idx: 6, .. })
+        ));
+        assert!(matches!(
+            p.driver.get_used_token(),
+            Err(Error::Broken { .. })
+        ));
+        // Without IN_ORDER the element is read and checked, as by get_used.
+        let mut p = pair(8, Features::EMPTY);
+        p.driver.add(&[buf(0, 1)], &[], 7u32).unwrap();
+        write_used(&p, 0, 999, 0, 1);
+        assert!(matches!(
+            p.driver.get_used_token(),
+            Err(Error::UsedIdOutOfRange { id: 999, .. })
+        ));
     }
 
     #[test]
