@@ -8,13 +8,14 @@ use virtnet_driver::{Frames, PollMode};
 use std::time::{Duration, Instant};
 
 use inproc::*;
+use std::sync::Arc;
 use virtnet_backend::{BackendConfig, IoMode};
 use virtnet_driver::offload::{self, TxOffloads};
 use virtnet_driver::{CtrlMode, DriverConfig, DriverError, NetDriver, QueuePair, RxLayout};
 use vnet::ctrl::Coalesce;
 use vnet::feature;
 use vnet::{NetHdr, HDR_F_NEEDS_CSUM};
-use vring::{Features, GuestAddress};
+use vring::{Features, GuestAddress, GuestMemory};
 
 fn driver(b: &Backend, pairs: u16, ctrl: Option<CtrlMode>) -> NetDriver {
     let cfg = DriverConfig {
@@ -416,22 +417,32 @@ fn driver_in_order(b: &Backend, in_order: bool) -> NetDriver {
     NetDriver::connect(&b.socket, &cfg).expect("connect")
 }
 
-#[test]
-fn garbage_in_the_used_ring_breaks_that_queue_only() {
-    let b = echo_backend("drv-garbage");
-    // Without IN_ORDER the tx completion path reads each used element (with it, none:
-    // see the next test).
-    let mut d = driver_in_order(&b, false);
+/// A driver on `b` (IN_ORDER or not) that echoed one frame and sent a second, which the
+/// device has completed by the time this returns and the driver has not reclaimed; with the
+/// driver's memory and the tx used ring's address.
+fn second_frame_completed(
+    b: &Backend,
+    in_order: bool,
+) -> (NetDriver, Arc<GuestMemory>, u64, QueuePair) {
+    let mut d = driver_in_order(b, in_order);
     let mem = d.connection().mem.clone();
     let used = d.connection().queue(1).unwrap().config.rings().used.0;
     let mut p = d.take_pairs().remove(0);
     assert_eq!(echo(&mut p, &[frame(1, 64)]).len(), 1);
     assert!(p.tx.drain(Duration::from_secs(5)).unwrap());
-    // One frame in flight; once the device has completed it, its used element is
-    // overwritten with an id the driver never handed out.
     assert!(p.tx.send(&frame(2, 64), NetHdr::default()).unwrap());
     p.tx.flush();
     std::thread::sleep(Duration::from_millis(50));
+    (d, mem, used, p)
+}
+
+#[test]
+fn garbage_in_the_used_ring_breaks_that_queue_only() {
+    let b = echo_backend("drv-garbage");
+    // Without IN_ORDER the tx completion path reads each used element (with it, none:
+    // see the next test).
+    let (_d, mem, used, mut p) = second_frame_completed(&b, false);
+    // Its used element is overwritten with an id the driver never handed out.
     let mut idx = [0u8; 2];
     mem.read(GuestAddress(used + 2), &mut idx).unwrap();
     let slot = u16::from_le_bytes(idx).wrapping_sub(1) as u64 % 256;
@@ -469,18 +480,10 @@ fn garbage_in_the_used_ring_breaks_that_queue_only() {
 #[test]
 fn with_in_order_tx_completions_read_no_used_element() {
     let b = echo_backend("drv-tx-unread");
-    let mut d = driver_in_order(&b, true);
-    let mem = d.connection().mem.clone();
-    let used = d.connection().queue(1).unwrap().config.rings().used.0;
-    let mut p = d.take_pairs().remove(0);
+    let (_d, mem, used, mut p) = second_frame_completed(&b, true);
     assert!(p.tx.ring().in_order());
-    assert_eq!(echo(&mut p, &[frame(1, 64)]).len(), 1);
-    assert!(p.tx.drain(Duration::from_secs(5)).unwrap());
-    // Every tx used element overwritten with an id the driver never handed out, once the
-    // device has completed the frame: the used index alone reclaims it.
-    assert!(p.tx.send(&frame(2, 64), NetHdr::default()).unwrap());
-    p.tx.flush();
-    std::thread::sleep(Duration::from_millis(50));
+    // Every tx used element overwritten with an id the driver never handed out: the used
+    // index alone reclaims the frame.
     let mut e = [0u8; 8];
     e[..4].copy_from_slice(&4000u32.to_le_bytes());
     for slot in 0..256u64 {
