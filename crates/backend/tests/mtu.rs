@@ -50,7 +50,18 @@ fn config_mtu(p: &mut Pair) -> u16 {
 /// Sends one UDP datagram of `len` bytes from the host side of the TAP to the guest (the
 /// kernel fragments it to the interface's MTU), and returns the lengths of the IPv4 frames
 /// the guest receives within a second.
-fn datagram_to_guest(ns: &NetNs, p: &mut Pair, len: usize) -> Vec<usize> {
+///
+/// Only once the interface's operational state is up again: a backend that attaches its TAP
+/// queue turns the carrier on, but the kernel starts the interface's queueing discipline from
+/// its link-watch work, which it runs at most once a second, so a datagram sent within a
+/// second of the last backend's detach can be dropped before it reaches the TAP.
+fn datagram_to_guest(ns: &NetNs, tap: &TapSpec, p: &mut Pair, len: usize) -> Vec<usize> {
+    let operstate = format!("/sys/class/net/{}/operstate", tap.name);
+    let up = Instant::now() + Duration::from_secs(5);
+    while ns.exec(&["cat", &operstate]).unwrap().trim() != "up" {
+        assert!(Instant::now() < up, "{} never came up", tap.name);
+        std::thread::sleep(Duration::from_millis(20));
+    }
     ns.run(|| {
         let socket = UdpSocket::bind("10.99.0.1:0").expect("UDP socket on the TAP");
         socket
@@ -119,7 +130,7 @@ fn the_mtu_is_the_taps_and_net_set_mtu_changes_it() {
     assert_eq!(interface_mtu(&ns, &tap), 1500);
     let mut p = connect(&b, WANTED);
     assert_eq!(config_mtu(&mut p), 1500);
-    let fragments = datagram_to_guest(&ns, &mut p, 8000);
+    let fragments = datagram_to_guest(&ns, &tap, &mut p, 8000);
     assert!(
         fragments.len() >= 6 && fragments.iter().all(|&l| l <= 1514),
         "at MTU 1500 the datagram comes in fragments: {fragments:?}"
@@ -130,7 +141,7 @@ fn the_mtu_is_the_taps_and_net_set_mtu_changes_it() {
     assert_eq!(interface_mtu(&ns, &tap), 9000);
     assert_eq!(config_mtu(&mut p), 9000);
     assert_eq!(b.device.device_report().mtu, 9000);
-    let frames = datagram_to_guest(&ns, &mut p, 8000);
+    let frames = datagram_to_guest(&ns, &tap, &mut p, 8000);
     assert_eq!(
         frames,
         [14 + 20 + 8 + 8000],
