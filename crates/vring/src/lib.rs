@@ -8,6 +8,7 @@
 //!   [`DriverQueue::activate`] check it against memory and start it.
 //! - [`DeviceQueue`]: pop validated [`Chain`]s, batched used publish, notification decisions.
 //! - [`DriverQueue`]: add chains (direct or indirect), kick decisions, reclaim, callbacks.
+//! - [`PollPace`]: how soon a device that keeps finding a little work looks again.
 //!
 //! The crate starts no threads and opens no files: kicks and calls are the caller's business.
 //! Mapping a peer's files ([`GuestMemory::from_sources`]) installs a SIGBUS handler, once, so
@@ -27,6 +28,7 @@ pub mod features;
 pub mod layout;
 #[allow(unsafe_code)]
 pub mod memory;
+pub mod pace;
 mod ring;
 pub mod sync;
 #[cfg(test)]
@@ -41,3 +43,4 @@ pub use event::vring_need_event;
 pub use features::Features;
 pub use layout::RingAddresses;
 pub use memory::{DirtyLog, GuestAddress, GuestMemory, UringWriter, MAX_IOVECS};
+pub use pace::PollPace;
