@@ -9,6 +9,8 @@
 //!   event idx on or off. Done as Linux and vhost do it: notifications are disabled while
 //!   working, and enabled, then the ring re-checked, before blocking. The driver asks for a kick
 //!   decision after every add, like tools/virtio/virtio_test, so suppression shows in the counts.
+//!   While it is finding work the device paces its looks at the ring with [`PollPace`], as the
+//!   backend's worker does, whichever engine it drives.
 //!
 //! And two of virtio_test's switches: indirect descriptors (INDIRECT_DESC negotiated, so a chain
 //! of more than one descriptor takes one ring descriptor), and delayed interrupts (a sleeping
@@ -21,7 +23,7 @@ use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use vring::{DriverQueue, Features};
+use vring::{DriverQueue, Features, PollPace};
 
 use super::{ChainBufs, ChainShape, DeviceCounts, RingDevice, RingMemory};
 use crate::notify::Notifier;
@@ -529,6 +531,8 @@ impl Sides<'_> {
         let mut c = DeviceSideCounts::default();
         let mut done = 0u64;
         let mut woke = false;
+        // The backend's worker paces its looks the same way (vring::pace).
+        let mut pace = PollPace::new();
         loop {
             device.disable_notification()?;
             let n = self.drain(device, &mut c)?;
@@ -540,7 +544,8 @@ impl Sides<'_> {
             if done >= self.ops {
                 break;
             }
-            if n > 0 {
+            if pace.found(n) {
+                pace.wait();
                 continue;
             }
             let n = self.poll_drain(device, &mut c)?;
