@@ -4,7 +4,7 @@
 //! one or two at a time, finds one or two chains per look. Each look reads `avail.idx` and
 //! each drain writes `used.idx`: the cache lines the driver writes after every add and reads
 //! before every kick decision. The two sides then trade those lines for every chain, and
-//! both slow down (on AMD EPYC Zen 5, a ping-pong without EVENT_IDX ran at 0.86x of a
+//! both slow down (on AMD EPYC Zen 5, a ping-pong without EVENT_IDX ran at 0.85x of a
 //! device that looks less often). A short pause between looks that keep finding little lets
 //! the driver add a few chains undisturbed, and the next look takes them all.
 //!
@@ -69,11 +69,6 @@ impl PollPace {
             spin_loop();
         }
     }
-
-    /// The current pause, in spin-loop hints.
-    pub fn pauses(&self) -> u32 {
-        self.pauses
-    }
 }
 
 #[cfg(test)]
@@ -83,9 +78,9 @@ mod tests {
     fn after(looks: &[u64]) -> u32 {
         let mut p = PollPace::new();
         for &n in looks {
-            assert_eq!(p.found(n), n > 0 || p.pauses() > 0, "after {looks:?}");
+            assert_eq!(p.found(n), n > 0 || p.pauses > 0, "after {looks:?}");
         }
-        p.pauses()
+        p.pauses
     }
 
     #[test]
@@ -105,11 +100,11 @@ mod tests {
     fn an_empty_look_after_a_paced_one_lingers_once() {
         let mut p = PollPace::new();
         [1, 1, 1].into_iter().for_each(|n| assert!(p.found(n)));
-        assert_eq!(p.pauses(), 2);
+        assert_eq!(p.pauses, 2);
         assert!(p.found(0), "look again");
-        assert_eq!(p.pauses(), PollPace::MAX_PAUSES, "after the longest pause");
+        assert_eq!(p.pauses, PollPace::MAX_PAUSES, "after the longest pause");
         assert!(!p.found(0), "then stop");
-        assert_eq!(p.pauses(), 0);
+        assert_eq!(p.pauses, 0);
         assert!(!p.found(0));
     }
 
