@@ -2,7 +2,8 @@
 # Busy polling between two backend *processes* whose workers share CPU 0 (experiment 7's
 # contended load runs both backends in one process; here auto finds the other backend's
 # worker on the board of pinned workers, backend/src/siblings.rs). Each backend echoes a
-# `virtnet gen --mode rr` that is not pinned.
+# `virtnet gen --mode rr`, not pinned unless GEN_CPU names a CPU for both (as the seed pins
+# each VM's vCPU away from the vhost threads' CPU).
 # Usage: scripts/poll-contended.sh [ROUNDS [SECONDS [SETTING...]]]   (3, 3, off 10 50 100 auto;
 # needs a release build)
 # Prints, per run, the total transactions/s, the split (the slower backend's rate over the
@@ -11,6 +12,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 B=${VIRTNET_BIN:-$root/target/release/virtnet}
 rounds=${1:-3}; secs=${2:-3}; shift $(($# < 2 ? $# : 2))
 settings=("$@"); [ ${#settings[@]} -gt 0 ] || settings=(off 10 50 100 auto)
+pin=(); [ -n "$GEN_CPU" ] && pin=(taskset -c "$GEN_CPU")
 w=$(mktemp -d /tmp/vnt-contended-XXXX)
 be=()
 cleanup() { kill -TERM "${be[@]}" 2>/dev/null; wait "${be[@]}" 2>/dev/null; rm -rf "$w"; }
@@ -28,7 +30,7 @@ one() { # setting
   done
   local g=()
   for i in 0 1; do
-    $B gen --socket $w/$i.sock --mode rr --duration "$secs" --json >$w/$i.json 2>/dev/null &
+    "${pin[@]}" $B gen --socket $w/$i.sock --mode rr --duration "$secs" --json >$w/$i.json 2>/dev/null &
     g+=($!)
   done
   wait "${g[@]}"

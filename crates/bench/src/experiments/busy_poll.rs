@@ -11,7 +11,10 @@ use serde::Serialize;
 use virtnet_backend::{BackendConfig, BusyPoll, IoMode};
 use virtnet_driver::gen::{GenReport, Mode};
 
-use super::common::{gen_config, process_cpu_s, run_gen, spread, LocalBackend, SeedComparison};
+use super::common::{
+    gen_config, join_gen, process_cpu_s, spawn_gen, spread, LocalBackend, SeedComparison,
+};
+use super::poll_loads::{CONTENDED_CPU, CONTENDED_DRIVERS_CPU};
 use super::{Experiment, Options, Outcome, Progress};
 use crate::summary::Summary;
 use crate::table::Table;
@@ -89,10 +92,12 @@ pub struct ContendedResult {
 pub struct Results {
     pub secs_per_run: f64,
     pub repeats: u32,
-    /// Sweep: driver threads pinned to CPU 0, the backend worker to CPU 1.
+    /// Sweep: driver threads pinned to CPU 0, the backend worker to CPU 1; contended: the two
+    /// drivers on `contended_drivers_cpu`.
     pub pinned: bool,
     pub sweep: Vec<SweepResult>,
     pub contended_cpu: usize,
+    pub contended_drivers_cpu: usize,
     pub contended: Vec<ContendedResult>,
     pub seed_rr: SeedComparison,
     pub seed_contended: SeedComparison,
@@ -118,15 +123,7 @@ fn one(busy_poll: BusyPoll, secs: f64, pinned: bool) -> Result<RrRun, BenchError
     let b = backend(busy_poll, pinned.then_some(1))?;
     let cpu0 = process_cpu_s();
     let cfg = gen_config(&b.socket, Mode::Rr, secs);
-    // The generator's threads inherit the CPU mask of the thread that starts them.
-    let r = std::thread::spawn(move || {
-        if pinned {
-            virtnet_sys::pin_thread(0).map_err(BenchError::io("pin the driver to CPU 0"))?;
-        }
-        run_gen(cfg)
-    })
-    .join()
-    .map_err(|_| BenchError::PeerFailed)??;
+    let r = join_gen(spawn_gen(cfg, pinned.then_some(0)))?;
     let cpu = process_cpu_s() - cpu0;
     let gen_cpu = r.cpu_pct / 100.0 * r.elapsed_s + r.ctrl_cpu_s;
     let n = transactions(&r);
@@ -154,7 +151,13 @@ fn one(busy_poll: BusyPoll, secs: f64, pinned: bool) -> Result<RrRun, BenchError
     })
 }
 
-fn contended(busy_poll: BusyPoll, cpu: usize, secs: f64) -> Result<([f64; 2], u64), BenchError> {
+/// Two backends' workers on `cpu`, their two drivers on `drivers` when named.
+fn contended(
+    busy_poll: BusyPoll,
+    cpu: usize,
+    drivers: Option<usize>,
+    secs: f64,
+) -> Result<([f64; 2], u64), BenchError> {
     let b = [
         backend(busy_poll, Some(cpu))?,
         backend(busy_poll, Some(cpu))?,
@@ -163,12 +166,12 @@ fn contended(busy_poll: BusyPoll, cpu: usize, secs: f64) -> Result<([f64; 2], u6
         .iter()
         .map(|b| {
             let cfg = gen_config(&b.socket, Mode::Rr, secs);
-            std::thread::spawn(move || run_gen(cfg))
+            spawn_gen(cfg, drivers)
         })
         .collect();
     let mut rates = [0.0; 2];
     for (i, l) in loads.into_iter().enumerate() {
-        let r = l.join().map_err(|_| BenchError::PeerFailed)??;
+        let r = join_gen(l)?;
         rates[i] = r.summary.rtt_per_s;
     }
     let stopped = b
@@ -187,7 +190,7 @@ fn summary(v: impl Iterator<Item = f64>) -> Summary {
 pub fn measure(o: &Options, progress: Progress<'_>) -> Result<Results, BenchError> {
     let (secs, repeats) = if o.quick { (0.15, 1) } else { (0.8, 3) };
     let repeats = o.repeats.unwrap_or(repeats).max(1);
-    let cpu = 0;
+    let (cpu, drivers_cpu) = (CONTENDED_CPU, CONTENDED_DRIVERS_CPU);
     let pinned = std::thread::available_parallelism().map_or(1, |n| n.get()) >= 2;
     let mut sweep: Vec<Vec<RrRun>> = SWEEP.iter().map(|_| Vec::new()).collect();
     let mut cont: Vec<Vec<([f64; 2], u64)>> = CONTENDED.iter().map(|_| Vec::new()).collect();
@@ -200,7 +203,7 @@ pub fn measure(o: &Options, progress: Progress<'_>) -> Result<Results, BenchErro
             progress(&format!(
                 "[{rep}/{repeats}] contended rr, two devices on CPU {cpu}, busy poll {b}"
             ));
-            cont[i].push(contended(b, cpu, secs)?);
+            cont[i].push(contended(b, cpu, pinned.then_some(drivers_cpu), secs)?);
             std::thread::sleep(Duration::from_millis(20));
         }
     }
@@ -260,6 +263,7 @@ pub fn measure(o: &Options, progress: Progress<'_>) -> Result<Results, BenchErro
         pinned,
         sweep,
         contended_cpu: cpu,
+        contended_drivers_cpu: drivers_cpu,
         contended,
         seed_rr,
         seed_contended,
@@ -330,10 +334,16 @@ pub fn tables(r: &Results) -> Vec<Table> {
             stops,
         ]);
     }
-    c.note(format!(
-        "{}; the driver threads are not pinned (2 CPUs: they share them with the workers).",
-        spread(r.repeats)
-    ));
+    c.note(if r.pinned {
+        format!(
+            "{}; both drivers' threads on CPU {} (as the seed pins each VM's vCPU away from the \
+             vhost threads' CPU; with 2 CPUs the drivers share one).",
+            spread(r.repeats),
+            r.contended_drivers_cpu
+        )
+    } else {
+        format!("{}; NOT pinned (fewer than 2 CPUs).", spread(r.repeats))
+    });
     c.note(r.seed_contended.note(0));
     vec![t, c]
 }

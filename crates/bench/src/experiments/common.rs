@@ -83,6 +83,27 @@ pub fn run_gen(config: GenConfig) -> Result<GenReport, BenchError> {
     })
 }
 
+/// Starts our traffic generator against `cfg`'s socket on a thread of its own, it and the
+/// threads it starts (which inherit its CPU mask) pinned to `cpu` when one is named.
+pub fn spawn_gen(
+    cfg: GenConfig,
+    cpu: Option<usize>,
+) -> std::thread::JoinHandle<Result<GenReport, BenchError>> {
+    std::thread::spawn(move || {
+        if let Some(cpu) = cpu {
+            virtnet_sys::pin_thread(cpu).map_err(BenchError::io("pin the driver"))?;
+        }
+        run_gen(cfg)
+    })
+}
+
+/// Joins a generator [`spawn_gen`] started.
+pub fn join_gen(
+    g: std::thread::JoinHandle<Result<GenReport, BenchError>>,
+) -> Result<GenReport, BenchError> {
+    g.join().map_err(|_| BenchError::PeerFailed)?
+}
+
 /// A generator configuration for `socket` with our defaults.
 pub fn gen_config(socket: &std::path::Path, mode: gen::Mode, secs: f64) -> GenConfig {
     GenConfig {

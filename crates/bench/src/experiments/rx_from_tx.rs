@@ -26,7 +26,9 @@ use virtnet_backend::{BackendConfig, BusyPoll, IoMode};
 use virtnet_driver::gen::window::Acker;
 use virtnet_driver::gen::{GenReport, Mode};
 
-use super::common::{count, gen_config, run_gen, spread, LocalBackend, SeedComparison};
+use super::common::{
+    count, gen_config, join_gen, run_gen, spawn_gen, spread, LocalBackend, SeedComparison,
+};
 use super::{Experiment, Options, Outcome, Progress};
 use crate::summary::Summary;
 use crate::table::Table;
@@ -279,18 +281,10 @@ fn window_one(s: WindowSetting, secs: f64, pinned: bool) -> Result<WindowRun, Be
     let mut cfg = gen_config(&b.socket, Mode::Window, secs);
     cfg.size = FRAME;
     cfg.window = WINDOW;
-    // The generator's threads inherit the CPU mask of the thread that starts them.
-    let r = std::thread::spawn(move || {
-        if pinned {
-            virtnet_sys::pin_thread(0).map_err(BenchError::io("pin the driver to CPU 0"))?;
-        }
-        run_gen(cfg)
-    })
-    .join()
-    .map_err(|_| BenchError::PeerFailed);
+    let r = join_gen(spawn_gen(cfg, pinned.then_some(0)));
     // The peer stops whatever became of the run.
     let counts = peer.finish();
-    let r: GenReport = r??;
+    let r: GenReport = r?;
     let counts = counts?;
     let both = |f: fn(&virtnet_backend::metrics::CountersSnapshot) -> u64| {
         b.counter("tx", f) + b.counter("rx", f)
