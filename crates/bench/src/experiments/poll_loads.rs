@@ -993,20 +993,24 @@ mod tests {
         );
         // The machine's level moved between rounds: the medians compare runs at different
         // levels (0.1, or 9), the rounds do not, and the verdict goes by the rounds, either way.
-        let c = fresh_result(
-            BusyPoll::Fixed(100),
-            vec![100.0, 10.0, 10.0],
-            vec![100.0, 100.0, 10.0],
-        );
-        assert_eq!(c.ratio_of_medians, Some(0.1));
-        assert_eq!(verdict(Load::Contended, &c, None), "within 5%: met");
-        let c = fresh_result(
-            BusyPoll::Fixed(100),
-            vec![90.0, 900.0, 900.0],
-            vec![100.0, 1000.0, 100.0],
-        );
-        assert_eq!(c.ratio_of_medians, Some(9.0));
-        assert_eq!(verdict(Load::Contended, &c, None), "not within 5%: NOT MET");
+        for (auto, other, medians, want) in [
+            (
+                [100.0, 10.0, 10.0],
+                [100.0, 100.0, 10.0],
+                0.1,
+                "within 5%: met",
+            ),
+            (
+                [90.0, 900.0, 900.0],
+                [100.0, 1000.0, 100.0],
+                9.0,
+                "not within 5%: NOT MET",
+            ),
+        ] {
+            let c = fresh_result(BusyPoll::Fixed(100), auto.to_vec(), other.to_vec());
+            assert_eq!(c.ratio_of_medians, Some(medians));
+            assert_eq!(verdict(Load::Contended, &c, None), want);
+        }
         // Idle goes by auto's CPU, not by the ratio; a divisor of 0 gives no ratio.
         let c = fresh_result(BusyPoll::Fixed(10), vec![0.02], vec![0.0]);
         assert_eq!(c.ratio_of_medians, None);
