@@ -12,7 +12,8 @@ use virtnet_backend::{BackendConfig, BusyPoll, IoMode};
 use virtnet_driver::gen::{GenReport, Mode};
 
 use super::common::{
-    gen_config, join_gen, process_cpu_s, spawn_gen, spread, LocalBackend, SeedComparison,
+    gen_config, join_gen, process_cpu_s, run_gen_on, spawn_gen, spread, LocalBackend,
+    SeedComparison,
 };
 use super::poll_loads::{CONTENDED_CPU, CONTENDED_DRIVERS_CPU};
 use super::{Experiment, Options, Outcome, Progress};
@@ -123,7 +124,7 @@ fn one(busy_poll: BusyPoll, secs: f64, pinned: bool) -> Result<RrRun, BenchError
     let b = backend(busy_poll, pinned.then_some(1))?;
     let cpu0 = process_cpu_s();
     let cfg = gen_config(&b.socket, Mode::Rr, secs);
-    let r = join_gen(spawn_gen(cfg, pinned.then_some(0)))?;
+    let r = run_gen_on(cfg, pinned.then_some(0))?;
     let cpu = process_cpu_s() - cpu0;
     let gen_cpu = r.cpu_pct / 100.0 * r.elapsed_s + r.ctrl_cpu_s;
     let n = transactions(&r);

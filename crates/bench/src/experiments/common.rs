@@ -97,6 +97,11 @@ pub fn spawn_gen(
     })
 }
 
+/// Runs our traffic generator as [`spawn_gen`] starts it, and waits for its report.
+pub fn run_gen_on(cfg: GenConfig, cpu: Option<usize>) -> Result<GenReport, BenchError> {
+    join_gen(spawn_gen(cfg, cpu))
+}
+
 /// Joins a generator [`spawn_gen`] started.
 pub fn join_gen(
     g: std::thread::JoinHandle<Result<GenReport, BenchError>>,

@@ -27,7 +27,7 @@ use virtnet_backend::{BackendConfig, BusyPoll, IoMode};
 use virtnet_driver::gen::{GenReport, Mode, OnOff};
 use virtnet_driver::{DriverConfig, NetDriver};
 
-use super::common::{gen_config, join_gen, spawn_gen, spread, LocalBackend};
+use super::common::{gen_config, join_gen, run_gen_on, spawn_gen, spread, LocalBackend};
 use super::{Experiment, Options, Outcome, Progress};
 use crate::summary::Summary;
 use crate::table::Table;
@@ -316,11 +316,6 @@ fn backend(
     )
 }
 
-/// Runs `cfg`'s generator, its threads on CPU 0 when `pinned`.
-fn gen_pinned(cfg: virtnet_driver::gen::GenConfig, pinned: bool) -> Result<GenReport, BenchError> {
-    join_gen(spawn_gen(cfg, pinned.then_some(0)))
-}
-
 /// Where a run's measurement starts: the threads' CPU times and the device counters.
 struct Start {
     times: ThreadTimes,
@@ -469,7 +464,7 @@ fn rr(
     cfg.on_off = on_off;
     let backends = std::slice::from_ref(&b);
     let start = Start::now(backends);
-    let r = gen_pinned(cfg, pinned)?;
+    let r = run_gen_on(cfg, pinned.then_some(0))?;
     let mut run = Run::default();
     rr_figures(&mut run, &r);
     device(&mut run, backends, &start);
@@ -483,7 +478,7 @@ fn stream(busy_poll: BusyPoll, secs: f64, pinned: bool) -> Result<Run, BenchErro
     cfg.size = STREAM_FRAME;
     let backends = std::slice::from_ref(&b);
     let start = Start::now(backends);
-    let r = gen_pinned(cfg, pinned)?;
+    let r = run_gen_on(cfg, pinned.then_some(0))?;
     let mut run = Run {
         secs: r.elapsed_s,
         tx_gbps: r.summary.tx_gbps,

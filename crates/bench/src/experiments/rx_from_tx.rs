@@ -27,9 +27,7 @@ use virtnet_backend::{BackendConfig, BusyPoll, IoMode};
 use virtnet_driver::gen::window::Acker;
 use virtnet_driver::gen::{GenReport, Mode};
 
-use super::common::{
-    count, gen_config, join_gen, run_gen, spawn_gen, spread, LocalBackend, SeedComparison,
-};
+use super::common::{count, gen_config, run_gen, run_gen_on, spread, LocalBackend, SeedComparison};
 use super::{Experiment, Options, Outcome, Progress};
 use crate::summary::Summary;
 use crate::table::Table;
@@ -285,7 +283,7 @@ fn window_one(s: WindowSetting, secs: f64, pinned: bool) -> Result<WindowRun, Be
     let mut cfg = gen_config(&b.socket, Mode::Window, secs);
     cfg.size = FRAME;
     cfg.window = WINDOW;
-    let r = join_gen(spawn_gen(cfg, pinned.then_some(0)));
+    let r = run_gen_on(cfg, pinned.then_some(0));
     // The peer stops whatever became of the run.
     let counts = peer.finish();
     let r: GenReport = r?;
