@@ -225,10 +225,12 @@ fn rx_from_tx(r: &Value) {
 /// not compared: with bounded reclaim the re-armed interrupt points at a used index the device
 /// has already passed, so it rarely fires either way (docs/PERFORMANCE.md).
 /// With capacity stop/wake no frame ever finds the ring full; without it, the queue stops
-/// only when a frame does.
+/// only when a frame does. The adapted delay (ours) asks for its interrupt no sooner than an
+/// eighth of what is in flight, and a queue stops with at least 256 - 19 chains in flight:
+/// every interrupt it takes comes after 29 completions or more (16 here, for slack).
 fn tx_completion(r: &Value) {
     let m = r["modes"].as_array().expect("modes");
-    assert_eq!(m.len(), 5);
+    assert_eq!(m.len(), 6);
     let find = |label: &str| {
         m.iter()
             .find(|x| x["label"] == label)
@@ -255,6 +257,13 @@ fn tx_completion(r: &Value) {
             "seed 002 {i1}/{p1} vs before {i0}/{p0}"
         );
     }
+    let adapted = find("all on, delay adapted (ours)");
+    assert_eq!(adapted["adaptive_delay"], true);
+    let (p2, i2) = per(adapted);
+    assert!(
+        i2 * 16 <= p2 + 16,
+        "adapted delay: {i2} interrupts for {p2} packets"
+    );
     for x in m {
         let (stops, full) = (sum(&x["runs"], &["stops"]), sum(&x["runs"], &["ring_full"]));
         if x["capacity_stop"] == true {

@@ -4,6 +4,7 @@
 //!
 //! - [`frontend`]: the vhost-user frontend: connection, memory, queue set-up;
 //! - [`tx`]: transmit with capacity stop/wake, delayed callbacks and bounded reclaim;
+//! - [`cb_delay`]: how long a stopped transmit queue waits for its interrupt;
 //! - [`rx`]: receive with mergeable, big or small buffers and NAPI-style polling;
 //! - [`offload`]: checksum and TSO flags in the net header;
 //! - [`ctrl`]: the control queue, interrupt-driven and concurrent, or polling;
@@ -18,6 +19,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod cb_delay;
 pub mod counters;
 pub mod ctrl;
 pub mod dim;

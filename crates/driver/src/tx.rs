@@ -3,8 +3,9 @@
 //! - capacity is checked before adding: the queue stops when fewer descriptors than a
 //!   worst-case packet remain (or no buffer is free), and restarts from the completion path;
 //! - completions are reclaimed in bounded amounts per transmit call ("limit xmit polling");
-//! - while stopped, the completion interrupt is a delayed callback (`enable_cb_delayed`): one
-//!   interrupt once 3/4 of what is in flight has completed, not one per frame;
+//! - while stopped, the completion interrupt is a delayed callback: one interrupt once 3/4 of
+//!   what is in flight has completed, not one per frame; sooner when the device ran dry
+//!   while the driver woke up ([`crate::cb_delay`]);
 //! - the avail index is published on every add, the kick is decided once per burst.
 //!
 //! A queue's behaviour is one [`TxPolicy`], fixed when it is built. With the `experiments`
@@ -31,6 +32,9 @@ pub struct TxTechniques {
     /// Off: completion interrupts stay enabled (re-armed at the next completion on every flush
     /// and stop), so the owner should read the call eventfd (`ack_interrupt`) after each burst.
     pub delayed_callbacks: bool,
+    /// With delayed callbacks: adapt the delay to the wake-up ([`crate::cb_delay`]). Off:
+    /// always 3/4, as seed 002.
+    pub adaptive_delay: bool,
     /// On: stop while a worst-case packet still fits. Off: no capacity check before adding; a
     /// frame that finds the ring full is not sent (counted in `ring_full`, [`TxQueue::send`]
     /// returns false as Linux's NETDEV_TX_BUSY, for the caller to retry), the queue stops
@@ -46,6 +50,7 @@ impl Default for TxTechniques {
     fn default() -> Self {
         TxTechniques {
             delayed_callbacks: true,
+            adaptive_delay: true,
             capacity_stop: true,
             bounded_reclaim: true,
         }
@@ -63,6 +68,13 @@ impl TxPolicy {
     fn delayed_callbacks(&self) -> bool {
         #[cfg(feature = "experiments")]
         return self.techniques.delayed_callbacks;
+        #[cfg(not(feature = "experiments"))]
+        true
+    }
+    #[inline]
+    fn adaptive_delay(&self) -> bool {
+        #[cfg(feature = "experiments")]
+        return self.techniques.adaptive_delay;
         #[cfg(not(feature = "experiments"))]
         true
     }
@@ -87,6 +99,7 @@ use std::sync::Arc;
 use virtnet_sys::PeerEventFd;
 use vring::{Buf, DriverQueue, GuestAddress, GuestMemory};
 
+use super::cb_delay::CallbackDelay;
 use super::counters::QueueCounters;
 use super::offload::{self, TxOffloads};
 use super::{ring_error, BufPool, DriverError};
@@ -127,6 +140,10 @@ pub struct TxQueue {
     policy: TxPolicy,
     /// A stopped queue restarts once this many descriptors are free.
     wake_at: u16,
+    /// How many completions a stopped queue waits for before its interrupt, and how many
+    /// chains were in flight when it last asked.
+    cb_delay: CallbackDelay,
+    cb_asked_at: u16,
     pub counters: Arc<QueueCounters>,
 }
 
@@ -175,6 +192,8 @@ impl TxQueue {
             fifo_buffers: features.contains(vring::Features::IN_ORDER),
             policy,
             wake_at: TX_WORST_CASE_DESCS.min(size),
+            cb_delay: CallbackDelay::new(),
+            cb_asked_at: 0,
             counters: Arc::new(QueueCounters::default()),
         };
         // Completions are reclaimed from the transmit path; interrupts only while stopped.
@@ -188,7 +207,13 @@ impl TxQueue {
 
     fn enable_completion_cb(&mut self) -> bool {
         if self.policy.delayed_callbacks() {
-            self.q.enable_cb_delayed()
+            self.cb_asked_at = self.q.in_flight();
+            if self.policy.adaptive_delay() {
+                self.q
+                    .enable_cb_after(self.cb_delay.wait_for(self.cb_asked_at))
+            } else {
+                self.q.enable_cb_delayed()
+            }
         } else {
             self.q.enable_cb()
         }
@@ -390,7 +415,8 @@ impl TxQueue {
     }
 
     /// Stops the queue, asking for an interrupt once 3/4 of what is in flight completes
-    /// (delayed callback); if that many already did, reclaims and restarts at once.
+    /// (delayed callback; sooner while the device runs dry before the driver is up, see
+    /// [`crate::cb_delay`]); if that many already did, reclaims and restarts at once.
     fn stop(&mut self) -> Result<(), DriverError> {
         self.stopped = true;
         self.counters.stops.add(1);
@@ -425,10 +451,12 @@ impl TxQueue {
         if !self.stopped {
             return Ok(true);
         }
-        if crate::wait_readable(&self.call, timeout_ms) {
-            self.ack_interrupt();
-        }
+        let interrupted = crate::wait_readable(&self.call, timeout_ms) && self.ack_interrupt();
         self.reclaim(usize::MAX)?;
+        if interrupted && self.policy.delayed_callbacks() && self.policy.adaptive_delay() {
+            // What the device still had to do once we were up: nothing means it waited for us.
+            self.cb_delay.woke(self.cb_asked_at, self.q.in_flight());
+        }
         if self.stopped && self.enable_completion_cb() {
             self.reclaim(usize::MAX)?;
         }
@@ -593,6 +621,39 @@ mod tests {
             let expected = if delayed { sent * 3 / 4 + 1 } else { 1 };
             assert_eq!(first, Some(expected), "delayed {delayed}");
         }
+    }
+
+    #[test]
+    fn a_device_that_ran_dry_while_the_driver_woke_is_interrupted_sooner() {
+        let mut r = rig(64);
+        r.device.needs_notification();
+        let mut asked = Vec::new();
+        for _ in 0..3 {
+            let sent = r.fill() as u16;
+            assert!(r.tx.is_stopped());
+            let first = (1..=sent)
+                .find(|_| {
+                    r.complete(1);
+                    r.device.needs_notification()
+                })
+                .expect("an interrupt");
+            asked.push((sent, first));
+            // The device finishes everything before the driver is up: it ran dry.
+            r.complete((sent - first) as usize);
+            r.tx.call_fd().signal().unwrap();
+            assert!(r.tx.wait_wake(0).unwrap(), "running again");
+            assert_eq!(r.tx.in_flight(), 0);
+        }
+        let at = |eighths: u16| asked[0].0 * eighths / 8 + 1;
+        assert_eq!(
+            asked,
+            [
+                (asked[0].0, at(6)),
+                (asked[0].0, at(5)),
+                (asked[0].0, at(4))
+            ]
+        );
+        assert_eq!(r.tx.counters.interrupts.get(), 3);
     }
 
     /// Fills an eventfd's counter to its maximum, 2^64 - 2: the next write would overflow.

@@ -634,7 +634,15 @@ impl<T> DriverQueue<T> {
     /// chains in flight are used (Linux's delayed callbacks, for tx completions). Returns
     /// whether more than that many are already pending.
     pub fn enable_cb_delayed(&mut self) -> bool {
-        let bufs = (self.in_flight() as u32 * 3 / 4) as u16;
+        self.enable_cb_after((self.in_flight() as u32 * 3 / 4) as u16)
+    }
+
+    /// Like [`DriverQueue::enable_cb_delayed`] with the delay chosen by the caller: the
+    /// notification comes once `bufs` more chains are used (at most those in flight). Without
+    /// EVENT_IDX there is no delay to ask for: the flag asks for the next one, as
+    /// [`DriverQueue::enable_cb`]. Returns whether more than `bufs` are already pending.
+    pub fn enable_cb_after(&mut self, bufs: u16) -> bool {
+        let bufs = bufs.min(self.in_flight());
         let event = self.last_used.wrapping_add(bufs);
         self.enable_cb_at(event, bufs)
     }
@@ -1272,5 +1280,30 @@ mod tests {
         assert!(p.driver.enable_cb(), "a used entry is pending");
         p.driver.get_used().unwrap().unwrap();
         assert!(!p.driver.enable_cb());
+    }
+
+    #[test]
+    fn enable_cb_after_asks_for_the_chosen_used_entry() {
+        let mut p = pair(8, Features::RING_EVENT_IDX);
+        for t in 0..8 {
+            p.driver.add(&[buf(t, 1)], &[], t as u32).unwrap();
+        }
+        p.driver.disable_cb();
+        assert!(!p.driver.enable_cb_after(2));
+        assert_eq!(p.driver.rings.used_event(), 2);
+        for _ in 0..3 {
+            let c = p.device.pop().unwrap().unwrap();
+            p.device.add_used(c.head(), 0).unwrap();
+        }
+        p.device.flush();
+        assert!(p.driver.enable_cb_after(2), "3 used, more than 2");
+        assert!(!p.driver.enable_cb_after(3), "3 used, not more than 3");
+        p.driver.get_used().unwrap().unwrap();
+        // Never past what is in flight: 7 chains from last_used 1.
+        assert!(!p.driver.enable_cb_after(100));
+        assert_eq!(p.driver.rings.used_event(), 8);
+        // The delayed callback is the same at 3/4: 5 of the 7.
+        assert!(!p.driver.enable_cb_delayed());
+        assert_eq!(p.driver.rings.used_event(), 1 + 5);
     }
 }
