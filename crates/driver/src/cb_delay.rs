@@ -58,11 +58,6 @@ impl CallbackDelay {
         }
     }
 
-    /// The delay now, in eighths of what is in flight.
-    pub fn eighths(&self) -> u8 {
-        self.eighths
-    }
-
     /// Completions to wait for, of `in_flight` chains, before the interrupt.
     pub fn wait_for(&self, in_flight: u16) -> u16 {
         (in_flight as u32 * self.eighths as u32 / 8) as u16
@@ -106,7 +101,7 @@ mod tests {
             .iter()
             .map(|&(a, l)| {
                 d.woke(a, l);
-                d.eighths()
+                d.eighths
             })
             .collect()
     }
@@ -114,7 +109,7 @@ mod tests {
     #[test]
     fn it_starts_at_the_seeds_three_quarters() {
         let d = CallbackDelay::new();
-        assert_eq!(d.eighths(), 6);
+        assert_eq!(d.eighths, 6);
         assert_eq!(d.wait_for(1024), 768);
         assert_eq!(d.wait_for(3), 2);
     }
@@ -139,10 +134,10 @@ mod tests {
         }
         for _ in 0..CallbackDelay::HOLD - 1 {
             d.woke(256, 0);
-            assert_eq!(d.eighths(), 6, "held");
+            assert_eq!(d.eighths, 6, "held");
         }
         d.woke(256, 0);
-        assert_eq!(d.eighths(), 5, "then it tries again");
+        assert_eq!(d.eighths, 5, "then it tries again");
     }
 
     #[test]
