@@ -16,7 +16,9 @@
 //! - each chain `add` writes reads back (spec-level walk) as the buffers given, on descriptors no
 //!   other chain in flight holds, indirect exactly when it should be;
 //! - while the device has only behaved, nothing fails, tokens come back in completion order,
-//!   and `used_pending` / `enable_cb` / `enable_cb_delayed` report what is pending;
+//!   and `used_pending` / `enable_cb` / `enable_cb_delayed` / `enable_cb_after` report what is
+//!   pending, and the delayed ones ask (with EVENT_IDX) for a used entry the chains in flight
+//!   reach;
 //! - `kick_prepare` answers as the flags or `avail_event` say.
 
 use std::collections::{BTreeMap, VecDeque};
@@ -102,11 +104,15 @@ pub enum DriverOp {
     SetUsedIdx(u16),
     /// Raw bytes anywhere in region 0.
     Scribble(Scribble),
+
+    // ---- The driver again (last, so that earlier variants keep their encoding's order).
+    /// `enable_cb_after(bufs)`: a delay of the caller's choosing, any `u16`.
+    EnableCbAfter(u16),
 }
 
 impl Encode for DriverOp {
     fn encode(&self, out: &mut Vec<u8>) {
-        const N: u32 = 15;
+        const N: u32 = 16;
         match self {
             DriverOp::Add { out: o, in_ } => {
                 variant(0, N, out);
@@ -136,6 +142,7 @@ impl Encode for DriverOp {
             }
             DriverOp::SetUsedIdx(v) => (variant(13, N, out), v.encode(out)).1,
             DriverOp::Scribble(s) => (variant(14, N, out), s.encode(out)).1,
+            DriverOp::EnableCbAfter(b) => (variant(15, N, out), b.encode(out)).1,
         }
     }
 }
@@ -384,6 +391,16 @@ impl Harness {
                 if self.honest {
                     assert_eq!(pending, self.completions.len() > bufs);
                 }
+                self.check_used_event(bufs);
+            }
+            DriverOp::EnableCbAfter(bufs) => {
+                let pending = self.queue.enable_cb_after(*bufs);
+                // Kept below what is in flight, so that the last chain in flight notifies.
+                let bufs = (*bufs as usize).min(self.in_flight.len().saturating_sub(1));
+                if self.honest {
+                    assert_eq!(pending, self.completions.len() > bufs);
+                }
+                self.check_used_event(bufs);
             }
             DriverOp::DisableCb => self.queue.disable_cb(),
             DriverOp::DetachUnused => {
@@ -513,6 +530,23 @@ impl Harness {
             }
         }
         descs
+    }
+
+    /// After a delayed `enable_cb*` with the delay `bufs` (the caller keeps it below what is in
+    /// flight), on an honest device with EVENT_IDX: `used_event` names the used entry after the
+    /// next `bufs`, one the chains in flight reach (a later one would never come, and a driver
+    /// waiting for it would wait for good).
+    fn check_used_event(&self, bufs: usize) {
+        if !(self.honest && self.event_idx && self.apart) || self.broken.is_some() {
+            return;
+        }
+        let last_used = self.used_shadow.wrapping_sub(self.completions.len() as u16);
+        let used_event = peek16(&self.mem, self.rings.avail.0 + 4 + 2 * self.size as u64);
+        assert_eq!(
+            used_event,
+            last_used.wrapping_add(bufs as u16),
+            "used_event"
+        );
     }
 
     fn complete(&mut self, pick: u8, len: u32) {

@@ -638,11 +638,14 @@ impl<T> DriverQueue<T> {
     }
 
     /// Like [`DriverQueue::enable_cb_delayed`] with the delay chosen by the caller: the
-    /// notification comes once `bufs` more chains are used (at most those in flight). Without
-    /// EVENT_IDX there is no delay to ask for: the flag asks for the next one, as
-    /// [`DriverQueue::enable_cb`]. Returns whether more than `bufs` are already pending.
+    /// notification comes with the used entry after the next `bufs`, that is once more than
+    /// `bufs` chains are used. `bufs` is kept below what is in flight, so the last chain in
+    /// flight always notifies: a used entry past them would never come while nothing more is
+    /// added, and the driver would wait for good. Without EVENT_IDX there is no delay to ask
+    /// for: the flag asks for the next one, as [`DriverQueue::enable_cb`]. Returns whether
+    /// more than `bufs` are already pending.
     pub fn enable_cb_after(&mut self, bufs: u16) -> bool {
-        let bufs = bufs.min(self.in_flight());
+        let bufs = bufs.min(self.in_flight().saturating_sub(1));
         let event = self.last_used.wrapping_add(bufs);
         self.enable_cb_at(event, bufs)
     }
@@ -1299,11 +1302,28 @@ mod tests {
         assert!(p.driver.enable_cb_after(2), "3 used, more than 2");
         assert!(!p.driver.enable_cb_after(3), "3 used, not more than 3");
         p.driver.get_used().unwrap().unwrap();
-        // Never past what is in flight: 7 chains from last_used 1.
-        assert!(!p.driver.enable_cb_after(100));
-        assert_eq!(p.driver.rings.used_event(), 8);
-        // The delayed callback is the same at 3/4: 5 of the 7.
+        // The delayed callback is the same at 3/4: 5 of the 7 in flight from last_used 1.
         assert!(!p.driver.enable_cb_delayed());
         assert_eq!(p.driver.rings.used_event(), 1 + 5);
+        // Never at or past what is in flight: at most the 7th of the 7 notifies.
+        assert!(!p.driver.enable_cb_after(100));
+        assert_eq!(p.driver.rings.used_event(), 1 + 6);
+        // The device completes the 4 it has not popped yet, then the rest: the last one, and
+        // only it, asks for the notification the driver waits for.
+        p.device.needs_notification(); // Settles the device's notion of what it signalled.
+        for _ in 0..4 {
+            let c = p.device.pop().unwrap().unwrap();
+            p.device.add_used(c.head(), 0).unwrap();
+            assert!(
+                !p.device.needs_notification(),
+                "not before the last in flight"
+            );
+        }
+        let c = p.device.pop().unwrap().unwrap();
+        p.device.add_used(c.head(), 0).unwrap();
+        assert!(
+            p.device.needs_notification(),
+            "the last chain in flight notifies"
+        );
     }
 }

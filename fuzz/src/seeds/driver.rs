@@ -137,6 +137,8 @@ fn driver_seeds() -> Vec<DriverSeed> {
     i.ops
         .extend([R::SetAvailEvent(2), add(1, 0), R::KickPrepare]);
     i.ops.extend([add(1, 0), R::EnableCbDelayed]);
+    i.ops
+        .extend([R::EnableCbAfter(1), R::EnableCbAfter(u16::MAX)]);
     i.ops.extend(reclaim(4));
     i.ops
         .extend([R::DisableCb, add(1, 1), R::Complete { pick: 0, len: 1 }]);

@@ -138,6 +138,7 @@ fn every_variant_round_trips() {
         R::UsedPending,
         R::EnableCb,
         R::EnableCbDelayed,
+        R::EnableCbAfter(6),
         R::DisableCb,
         R::DetachUnused,
         R::SetPublishOnKick(true),
