@@ -99,10 +99,23 @@ fn kick_side(features: Features, chains: u16, recheck: Recheck) {
     });
 }
 
+/// How the driver asks for its next interrupt.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Arm {
+    /// `enable_cb`: at the next used entry.
+    Next,
+    /// `enable_cb_delayed`: once 3/4 of what is in flight is used.
+    Delayed,
+    /// `enable_cb_after(u16::MAX)`: the longest delay a caller can ask for, which the engine
+    /// keeps to the last chain in flight.
+    Longest,
+}
+
 /// `chains` chains are in flight; the device completes them one at a time, publishing and
 /// deciding on a notification after each. The driver polls with callbacks off, enables them
-/// and re-checks before sleeping on the call. Every chain must come back exactly once.
-fn call_side(features: Features, chains: u16, delayed: bool, recheck: Recheck) {
+/// as `arm` says and re-checks before sleeping on the call. Every chain must come back
+/// exactly once.
+fn call_side(features: Features, chains: u16, arm: Arm, recheck: Recheck) {
     check(move || {
         let (mut drv, mut dev) = pair(features);
         for i in 0..chains {
@@ -133,10 +146,10 @@ fn call_side(features: Features, chains: u16, delayed: bool, recheck: Recheck) {
             if reclaimed == chains {
                 break;
             }
-            let pending = if delayed {
-                drv.enable_cb_delayed()
-            } else {
-                drv.enable_cb()
+            let pending = match arm {
+                Arm::Next => drv.enable_cb(),
+                Arm::Delayed => drv.enable_cb_delayed(),
+                Arm::Longest => drv.enable_cb_after(u16::MAX),
             };
             if !pending || recheck == Recheck::Ignored {
                 call.wait();
@@ -168,21 +181,26 @@ fn engine_kick_side_ignoring_the_recheck_loses_a_wakeup() {
 
 #[test]
 fn engine_call_side_flags_no_lost_interrupt() {
-    call_side(FLAGS, 2, false, Recheck::Heeded);
+    call_side(FLAGS, 2, Arm::Next, Recheck::Heeded);
 }
 
 #[test]
 fn engine_call_side_event_idx_no_lost_interrupt() {
-    call_side(EVENT_IDX, 2, false, Recheck::Heeded);
+    call_side(EVENT_IDX, 2, Arm::Next, Recheck::Heeded);
 }
 
 #[test]
 fn engine_call_side_event_idx_delayed_no_lost_interrupt() {
-    call_side(EVENT_IDX, 3, true, Recheck::Heeded);
+    call_side(EVENT_IDX, 3, Arm::Delayed, Recheck::Heeded);
+}
+
+#[test]
+fn engine_call_side_event_idx_longest_delay_no_lost_interrupt() {
+    call_side(EVENT_IDX, 3, Arm::Longest, Recheck::Heeded);
 }
 
 #[test]
 #[should_panic(expected = "deadlock")]
 fn engine_call_side_ignoring_the_recheck_loses_an_interrupt() {
-    call_side(FLAGS, 2, false, Recheck::Ignored);
+    call_side(FLAGS, 2, Arm::Next, Recheck::Ignored);
 }
