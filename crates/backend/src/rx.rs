@@ -160,7 +160,10 @@ impl RxPath {
     /// Whether the guest has posted buffers (false without a usable queue). A ring error
     /// breaks the queue.
     pub fn has_buffers(&mut self) -> bool {
-        !self.posted.is_empty() || self.queue.as_mut().is_some_and(QueueRuntime::avail_pending)
+        let Some(q) = self.queue.as_mut().filter(|q| q.usable()) else {
+            return false;
+        };
+        !self.posted.is_empty() || q.avail_pending()
     }
 
     /// Records that rx lacked room at the avail index it last read. Not a fresh one: buffers
@@ -709,6 +712,27 @@ mod tests {
         assert!(q.pop_into(&mut c).unwrap());
         assert_eq!(c.head(), 4, "the first posted buffer is popped again");
         assert_eq!(q.avail_idx_seen(), before);
+    }
+
+    #[test]
+    fn a_broken_rx_queue_has_no_buffers_even_with_some_posted() {
+        let (mut rx, mut driver, _mem) = rx_path(MRG);
+        post_rx(&mut driver, 8, 1024);
+        let host = Host::with(&[frame(100)]);
+        let s = shared();
+        assert_eq!(
+            direct(&mut rx, &s, &host, 3000, 100).0,
+            Ok(Direct::Delivered(100))
+        );
+        assert!(
+            rx.has_buffers(),
+            "two buffers stay posted for the next frame"
+        );
+        rx.fail(RingError::HeadOutOfRange { head: 99, size: 16 });
+        assert!(rx.usable().is_none());
+        // handle_rx will not run on a broken queue: if has_buffers said yes, busy_poll's
+        // host_ready check (and arm_host's EPOLLIN) would fire on every readable host fd.
+        assert!(!rx.has_buffers(), "a broken queue reports posted buffers");
     }
 
     #[test]

@@ -2,7 +2,9 @@
 //! driver's buffers byte for byte, read by the backend straight into them (no frame through
 //! its bounce buffer) with mergeable buffers; and, where the kernel has UDP segmentation
 //! (Linux 6.2), a UDP GSO super-frame (GUEST_USO4/6 negotiated, so the TAP hands it out
-//! unsegmented) arrives whole over merged buffers, with its GSO header.
+//! unsegmented) arrives whole over merged buffers, with its GSO header. A guest that breaks its
+//! rx ring while the backend holds buffers for the next frame and the TAP has frames waiting
+//! leaves the worker idle, not spinning.
 //!
 //! Needs root (a network namespace with a TAP); skips with a printed reason otherwise
 //! (`VIRTNET_GUEST_REQUIRE=1` turns the skip into a failure).
@@ -11,7 +13,7 @@ use std::net::UdpSocket;
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
-use testkit::inproc::{connect, tap_backend, Backend, Pair, WANTED};
+use testkit::inproc::{connect, connect_rx, tap_backend, Backend, Pair, WANTED};
 use testkit::netns::{NetNs, TapSpec};
 use testkit::packages;
 use vnet::{feature, NetHdr};
@@ -151,4 +153,59 @@ fn a_udp_gso_super_frame_arrives_whole_over_merged_buffers() {
     // buffer if the guest's buffers were not all visible yet on a loaded machine).
     let rx = b.device.reports()[0].counters.clone();
     assert_eq!(rx.dropped, 0, "{rx:?}");
+}
+
+/// A guest that breaks its rx ring while the backend keeps buffers posted for the next frame
+/// and the TAP has frames waiting: rx is marked broken and the worker goes idle. It used to
+/// spin at a whole CPU: the posted buffers counted as room, so every poll and every
+/// level-triggered TAP wake-up found "work" that rx, broken, would not do.
+#[test]
+fn a_broken_rx_ring_with_buffers_posted_and_frames_waiting_leaves_the_worker_idle() {
+    let Some((ns, tap)) = setup() else { return };
+    let b = backend("taprx-broken", &ns, &tap);
+    // Buffers of 512 bytes: the backend keeps three posted for a 1,514-byte frame, and a
+    // small frame takes one of them.
+    let mut p = connect_rx(&b, WANTED, 512);
+    let udp = sender(&ns);
+    udp.send_to(&payload(0, 100), GUEST).unwrap();
+    assert_eq!(receive(&mut p, 1, Duration::from_secs(10)).len(), 1);
+    // Every avail entry past the first 64 after the used index names a head out of range.
+    // The backend holds a largest frame's worth of buffers (a few), so after some small
+    // frames its pop for one more breaks rx with the others still posted.
+    let rings = p.conn.queues[0].config.rings();
+    let size = p.conn.queues[0].config.size();
+    let mem = &p.conn.mem;
+    let read16 = |addr: u64| {
+        let mut v = [0u8; 2];
+        mem.read(vring::GuestAddress(addr), &mut v).unwrap();
+        u16::from_le_bytes(v)
+    };
+    let (used, avail) = (read16(rings.used.0 + 2), read16(rings.avail.0 + 2));
+    assert!(
+        avail.wrapping_sub(used) > 64,
+        "the driver keeps the ring posted"
+    );
+    let mut i = used.wrapping_add(64);
+    while i != avail {
+        let slot = rings.avail.0 + 4 + 2 * (i % size) as u64;
+        mem.write(vring::GuestAddress(slot), &999u16.to_le_bytes())
+            .unwrap();
+        i = i.wrapping_add(1);
+    }
+    // Frames until rx breaks; the TAP keeps the rest (it holds 1,000).
+    let broken = || b.device.reports()[0].counters.broken.clone();
+    for i in 0..400 {
+        udp.send_to(&payload(i, 100), GUEST).unwrap();
+        if broken().is_some() {
+            break;
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    testkit::eventually(Duration::from_secs(10), || broken().is_some());
+    let reason = broken().expect("rx marked broken");
+    assert!(reason.contains("999"), "{reason}");
+    for i in 0..32 {
+        udp.send_to(&payload(i, 100), GUEST).unwrap();
+    }
+    testkit::recovery::assert_idle(&b);
 }
