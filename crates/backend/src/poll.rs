@@ -341,8 +341,9 @@ impl AutoPoll {
             self.until = now + self.backoff;
             return if was { Check::Same } else { Check::Contended };
         }
-        // Contention is over once polling was allowed again and caused none.
-        if was && now >= self.until && polled {
+        // Contention is over once polling was allowed again and caused none, or when the
+        // budget has nothing to poll anyway (no probe would ever come to end it).
+        if was && now >= self.until && (polled || self.budget_us == 0) {
             self.cleared = Some((now, self.backoff));
             self.backoff = Duration::ZERO;
             return Check::Clear;
@@ -652,6 +653,38 @@ mod tests {
             );
             assert!(p.budget(t) > 0);
         }
+    }
+
+    #[test]
+    fn a_back_off_followed_by_no_polling_ends_and_a_later_blip_is_only_a_blip() {
+        let t0 = Instant::now();
+        let mut p = AutoPoll::new(t0);
+        let mut sched = (0, 0);
+        waited(&mut p, t0, &mut sched, 0);
+        waited(&mut p, t0 + CHECK_EVERY, &mut sched, 5);
+        let mut t = t0 + 2 * CHECK_EVERY;
+        assert_eq!(waited(&mut p, t, &mut sched, 5), Check::Contended);
+        // The back-off ends and the queue goes quiet: long gaps take the budget to 0.
+        t += BACKOFF_MIN;
+        feed(&mut p, t, [1000; 3]);
+        assert_eq!(p.budget(t), 0);
+        // A second of clean checks: the contention is long gone.
+        for _ in 0..100 {
+            t += CHECK_EVERY;
+            waited(&mut p, t, &mut sched, 0);
+        }
+        assert!(!p.contended(t));
+        // Traffic is back: a near miss restarts polling.
+        feed(&mut p, t, [30]);
+        assert_eq!(p.budget(t), START_POLL_US);
+        // One interval with a wait (a `virtnet ctl` request) is a blip: polling goes on.
+        t += CHECK_EVERY;
+        assert_eq!(waited(&mut p, t, &mut sched, 5), Check::Same);
+        assert!(
+            p.budget(t) > 0,
+            "a blip stopped polling for {:?}",
+            p.backoff
+        );
     }
 
     #[test]
