@@ -14,7 +14,7 @@
 //! backend's offload path without a guest. Rates count super-frames and their bytes.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed, Ordering::Release};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -608,7 +608,8 @@ impl Session {
     /// the threads take their buffers back instead of draining them.
     fn finish(self, lost: bool) -> SessionEnd {
         self.lost.store(lost, Relaxed);
-        self.stop.store(true, Relaxed);
+        // Release: a thread that sees the stop sees `lost` too (its fence before reading it).
+        self.stop.store(true, Release);
         let mut end = SessionEnd {
             pairs: Vec::new(),
             histogram: Histogram::default(),

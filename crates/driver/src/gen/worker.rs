@@ -1,6 +1,6 @@
 //! One queue pair's thread of `virtnet gen`: the loop of each mode.
 
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::atomic::{fence, AtomicBool, Ordering::Acquire, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
 use vnet::NetHdr;
@@ -216,6 +216,8 @@ pub(super) fn worker(
             tcp = sink.counts();
         }
     }
+    // Pairs with the Release store of the stop flag this thread saw: `lost` was set before.
+    fence(Acquire);
     if lost.load(Relaxed) {
         // What the device completed or filled before it went is in our memory: take it, so
         // that only frames it never finished count as abandoned. Nobody will complete or fill
