@@ -41,6 +41,8 @@ pub enum FrontendError {
     EventFd(#[from] std::io::Error),
     #[error("queue {index} was never set up")]
     NoSuchQueue { index: usize },
+    #[error("virtqueue {index} cannot be named: vhost-user's SET_VRING_KICK/CALL carry 8 bits")]
+    QueueIndex { index: u16 },
     #[error("out of frontend memory: {wanted} bytes more needed")]
     OutOfMemory { wanted: u64 },
     #[error("the backend did not finish the vhost-user handshake within {after:?}")]
@@ -168,6 +170,18 @@ impl Watchdog {
     fn fired(&self) -> bool {
         self.state.0.lock().unwrap_or_else(|e| e.into_inner()).1
     }
+
+    /// Stops the watchdog; returns whether it had already fired (then the socket is shut
+    /// down, whatever the requests before said).
+    fn finish(&self) -> bool {
+        let fired = {
+            let mut g = self.state.0.lock().unwrap_or_else(|e| e.into_inner());
+            g.0 = true;
+            g.1
+        };
+        self.state.1.notify_one();
+        fired
+    }
 }
 
 impl Drop for Watchdog {
@@ -209,7 +223,7 @@ impl Connection {
         required: Features,
         mem_size: usize,
     ) -> Result<Connection, FrontendError> {
-        let conn = Connection::open_stream(sock, num_queues, wanted, required, mem_size)?;
+        let conn = Connection::open_stream(sock, num_queues, wanted, required, &|_| mem_size)?;
         conn.with_queues(num_queues, queue_size)
     }
 
@@ -220,9 +234,11 @@ impl Connection {
         queue_size: u16,
     ) -> Result<Connection, FrontendError> {
         for i in 0..num_queues {
-            self.setup_queue(i, queue_size)?;
+            if let Err(e) = self.setup_queue(i, queue_size) {
+                return Err(self.handshake_error(e));
+            }
         }
-        self.finish_handshake();
+        self.finish_handshake()?;
         Ok(self)
     }
 
@@ -236,6 +252,19 @@ impl Connection {
         wanted: Features,
         required: Features,
         mem_size: usize,
+        wait: Duration,
+    ) -> Result<Connection, FrontendError> {
+        Connection::open_sized(path, max_queues, wanted, required, &|_| mem_size, wait)
+    }
+
+    /// Like [`Connection::open`], with the memory's size computed from the features
+    /// negotiated (the rx buffers a device without MRG_RXBUF needs are 40 times larger).
+    pub fn open_sized(
+        path: &Path,
+        max_queues: u16,
+        wanted: Features,
+        required: Features,
+        mem_size: &dyn Fn(Features) -> usize,
         wait: Duration,
     ) -> Result<Connection, FrontendError> {
         let deadline = Instant::now() + wait;
@@ -262,7 +291,7 @@ impl Connection {
         max_queues: u16,
         wanted: Features,
         required: Features,
-        mem_size: usize,
+        mem_size: &dyn Fn(Features) -> usize,
     ) -> Result<Connection, FrontendError> {
         let watchdog = Watchdog::arm(sock.try_clone()?, HANDSHAKE_TIMEOUT)?;
         match Self::handshake(sock, max_queues, wanted, required, mem_size) {
@@ -283,7 +312,7 @@ impl Connection {
         max_queues: u16,
         wanted: Features,
         required: Features,
-        mem_size: usize,
+        mem_size: &dyn Fn(Features) -> usize,
     ) -> Result<Connection, FrontendError> {
         let raw = sock.try_clone()?;
         let mut frontend = Frontend::from_stream(sock, max_queues as u64);
@@ -316,6 +345,7 @@ impl Connection {
         frontend
             .set_features(features.0)
             .map_err(req("SET_FEATURES"))?;
+        let mem_size = mem_size(features);
         let mem = Arc::new(GuestMemory::memfd(&[(GuestAddress(MEM_BASE), mem_size)])?);
         let regions: Vec<_> = mem
             .regions()
@@ -353,9 +383,28 @@ impl Connection {
 
     /// Ends the handshake's deadline ([`HANDSHAKE_TIMEOUT`] from connecting): the caller has
     /// set up and started its queues. Until then, a backend that stops answering has the
-    /// socket shut down under it, and the request waiting on it fails.
-    pub fn finish_handshake(&mut self) {
-        self.watchdog = None;
+    /// socket shut down under it, and the request waiting on it fails. [`FrontendError::Timeout`]
+    /// if the deadline passed (even if every request before happened to succeed).
+    pub fn finish_handshake(&mut self) -> Result<(), FrontendError> {
+        if self.watchdog.take().is_some_and(|w| w.finish()) {
+            return Err(FrontendError::Timeout {
+                after: HANDSHAKE_TIMEOUT,
+            });
+        }
+        Ok(())
+    }
+
+    /// What a request failing during the handshake failed of: [`FrontendError::Timeout`] once
+    /// the deadline passed (the socket was shut down under the request), else `e`.
+    pub fn handshake_error<E: From<FrontendError>>(&self, e: E) -> E {
+        if self.watchdog.as_ref().is_some_and(Watchdog::fired) {
+            FrontendError::Timeout {
+                after: HANDSHAKE_TIMEOUT,
+            }
+            .into()
+        } else {
+            e
+        }
     }
 
     /// Whether the STATUS protocol feature was negotiated: SET_STATUS and GET_STATUS work.
@@ -432,15 +481,18 @@ impl Connection {
     /// did: end of file or an error on the vhost-user socket, which is how a backend that
     /// exited or was killed shows (its kick and call eventfds do not: an eventfd has no peer,
     /// so kicks still succeed and calls just stop). After the handshake a backend sends
-    /// nothing unasked, so a readable socket means it closed; bytes it sends anyway are left
-    /// unread, and the wait sleeps out its time.
+    /// nothing unasked, so a readable socket means it closed; bytes it sends anyway are read
+    /// and dropped (up to 4 KiB a call, so that a close after them still shows on a later
+    /// call), and the wait sleeps out its time.
     pub fn wait_closed(&self, timeout: Duration) -> bool {
         let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
         if !virtnet_sys::wait_readable(self.raw.as_raw_fd(), ms) {
             return false;
         }
-        match virtnet_sys::peek(&self.raw, &mut [0u8; 1]) {
-            Ok(0) | Err(_) => true,
+        match virtnet_sys::recv_now(&self.raw, &mut [0u8; 4096]) {
+            Ok(0) => true,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => false,
+            Err(_) => true,
             Ok(_) => {
                 std::thread::sleep(timeout);
                 false
@@ -501,6 +553,11 @@ impl Connection {
     /// call eventfds. The queue runs once its rings are initialised (DriverQueue::activate)
     /// and [`Connection::start_queue`] is called.
     pub fn setup_queue(&mut self, index: u16, size: u16) -> Result<&QueueSetup, FrontendError> {
+        // Bits 0-7 of SET_VRING_KICK/CALL/ERR name the vring, bit 8 means "no fd": 256 would
+        // reach the backend as queue 0 without an fd, 512 as queue 0.
+        if index > 0xff {
+            return Err(FrontendError::QueueIndex { index });
+        }
         let vq = index as usize;
         let len = RingAddresses::contiguous_len(size);
         let base = self.alloc.alloc(len, 4096)?;
@@ -558,7 +615,10 @@ impl Connection {
         self.frontend
             .set_vring_kick(index, &kick)
             .map_err(req("SET_VRING_KICK"))?;
-        if !self.protocol.is_empty() {
+        // Rings start disabled when PROTOCOL_FEATURES was negotiated, whichever protocol
+        // features were (vhost-user spec, "Ring states").
+        let protocol_bit = Features(VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits());
+        if self.features.contains(protocol_bit) {
             self.frontend
                 .set_vring_enable(index, true)
                 .map_err(req("SET_VRING_ENABLE"))?;

@@ -21,7 +21,8 @@ use crate::frontend::{status, Connection};
 use vnet::ctrl::{Coalesce, Command};
 
 /// The largest queue-pair count a vhost-user-net device may have (the spec's 0x8000 is far
-/// beyond any backend; ours stops at 128, QEMU at 1024).
+/// beyond any backend; ours stops at 127, QEMU at 1024). vhost-user names a vring in 8 bits,
+/// so a control queue past index 255 is refused at set-up.
 const MAX_PAIRS: u16 = 1024;
 
 /// The features a control queue brings, asked for whenever one is wanted.
@@ -111,6 +112,16 @@ pub struct NetDriver {
     active_pairs: u16,
 }
 
+/// What [`NetDriver::start`] set up.
+struct Started {
+    max_pairs: u16,
+    mac: Option<[u8; 6]>,
+    mtu: Option<u16>,
+    pairs: u16,
+    queue_pairs: Vec<QueuePair>,
+    ctrl: Option<Arc<CtrlQueue>>,
+}
+
 /// What the config space holds (spec 5.1.4): mac, status, max_virtqueue_pairs, mtu.
 const CONFIG_LEN: u32 = 12;
 
@@ -123,17 +134,48 @@ impl NetDriver {
         if config.ctrl.is_some() {
             wanted = wanted | CTRL_FEATURES;
         }
-        let mem_size = Self::memory_needed(config);
-        let mut conn = Connection::open(
+        let mut conn = Connection::open_sized(
             path,
             2 * MAX_PAIRS + 1,
             wanted,
             Features::VERSION_1,
-            mem_size,
+            &|negotiated| Self::memory_needed(config, negotiated),
             config.connect_wait,
         )?;
+        let started = Self::start(&mut conn, config);
+        let Started {
+            max_pairs,
+            mac,
+            mtu,
+            pairs,
+            queue_pairs,
+            ctrl,
+        } = started.map_err(|e| conn.handshake_error(e))?;
+        conn.finish_handshake()?;
+        let counters = queue_pairs
+            .iter()
+            .map(|p| (p.rx.counters.clone(), p.tx.counters.clone()))
+            .collect();
+        let mut driver = NetDriver {
+            conn,
+            max_pairs,
+            mac,
+            mtu,
+            pairs: queue_pairs,
+            counters,
+            ctrl,
+            active_pairs: pairs,
+        };
+        if driver.features().contains(feature::MQ) && driver.ctrl.is_some() {
+            driver.set_queue_pairs(pairs)?;
+        }
+        Ok(driver)
+    }
+
+    /// The handshake after negotiation: config space, queues set up and started, DRIVER_OK.
+    fn start(conn: &mut Connection, config: &DriverConfig) -> Result<Started, DriverError> {
         let features = conn.features;
-        let (mac, max_pairs, mtu) = Self::read_config(&mut conn)?;
+        let (mac, max_pairs, mtu) = Self::read_config(conn)?;
         let pairs = match config.pairs {
             0 => max_pairs,
             n if features.contains(feature::MQ) && n > max_pairs => {
@@ -198,33 +240,22 @@ impl NetDriver {
             conn.start_queue(c.vq() as usize)?;
         }
         conn.set_status(conn.status() | status::DRIVER_OK)?;
-        conn.finish_handshake();
-        let counters = queue_pairs
-            .iter()
-            .map(|p| (p.rx.counters.clone(), p.tx.counters.clone()))
-            .collect();
-        let mut driver = NetDriver {
-            conn,
+        Ok(Started {
             max_pairs,
             mac,
             mtu,
-            pairs: queue_pairs,
-            counters,
+            pairs,
+            queue_pairs,
             ctrl,
-            active_pairs: pairs,
-        };
-        if driver.features().contains(feature::MQ) && driver.ctrl.is_some() {
-            driver.set_queue_pairs(pairs)?;
-        }
-        Ok(driver)
+        })
     }
 
     /// Shared memory for `config`: rings, indirect tables and buffers, with room to spare.
-    fn memory_needed(config: &DriverConfig) -> usize {
+    fn memory_needed(config: &DriverConfig, negotiated: Features) -> usize {
         let ring = |size: u16| RingAddresses::contiguous_len(size) + 4096 + size as u64 * 256;
         let size = config.queue_size as u64;
         // Big rx buffers (64 KiB each) are the worst case when MRG_RXBUF is not negotiated.
-        let rx = if config.features.contains(feature::MRG_RXBUF) {
+        let rx = if negotiated.contains(feature::MRG_RXBUF) {
             size * 1536
         } else {
             size * (rx::MAX_GSO_FRAME as u64 + 4096)

@@ -378,6 +378,21 @@ pub fn poll_readable(fds: &[RawFd], timeout_ms: i32) -> u32 {
 /// (`recv(MSG_PEEK)`); blocks until at least one byte is there, and may return fewer bytes
 /// than are coming (MSG_WAITALL does not apply to peeks on unix sockets). 0: the peer closed.
 pub fn peek(socket: &std::os::unix::net::UnixStream, buf: &mut [u8]) -> io::Result<usize> {
+    recv(socket, buf, libc::MSG_PEEK)
+}
+
+/// Reads what `socket` holds now into `buf`, without waiting (`recv(MSG_DONTWAIT)`): 0 when
+/// the peer closed, `WouldBlock` when nothing is there. File descriptors sent along are not
+/// taken (the kernel closes them).
+pub fn recv_now(socket: &std::os::unix::net::UnixStream, buf: &mut [u8]) -> io::Result<usize> {
+    recv(socket, buf, libc::MSG_DONTWAIT)
+}
+
+fn recv(
+    socket: &std::os::unix::net::UnixStream,
+    buf: &mut [u8],
+    flags: libc::c_int,
+) -> io::Result<usize> {
     loop {
         // SAFETY: `buf` is valid for writes of `buf.len()` bytes; the kernel writes at most that.
         let r = unsafe {
@@ -385,7 +400,7 @@ pub fn peek(socket: &std::os::unix::net::UnixStream, buf: &mut [u8]) -> io::Resu
                 socket.as_raw_fd(),
                 buf.as_mut_ptr().cast(),
                 buf.len(),
-                libc::MSG_PEEK,
+                flags,
             )
         };
         if r >= 0 {
