@@ -81,7 +81,8 @@ pub struct GsoConfig {
 }
 
 /// Traffic in bursts (`--on-off`, rr): requests go for `on`, then none for `off`, over and
-/// over from the start of the run, as an application that talks in spurts.
+/// over from when the pair's traffic starts (afresh after a reconnect), as an application that
+/// talks in spurts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub struct OnOff {
     #[serde(serialize_with = "as_secs")]
