@@ -14,6 +14,7 @@ use std::time::Duration;
 use vnet::feature;
 use vring::Features;
 
+use testkit::inproc::{temp_dir, TempDir};
 use virtnet_driver::frontend::Connection;
 use virtnet_driver::{DriverConfig, NetDriver, DEFAULT_FEATURES};
 
@@ -54,22 +55,20 @@ fn scripted(mut s: UnixStream, features: u64, protocol: u64) -> Vec<(u32, Vec<u8
     }
 }
 
-/// A scripted backend listening on a socket of its own; the thread returns its log.
-fn listening(
-    tag: &str,
-    features: u64,
-    protocol: u64,
-) -> (PathBuf, JoinHandle<Vec<(u32, Vec<u8>)>>) {
-    let dir = std::env::temp_dir().join(format!("virtnet-{tag}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("s.sock");
-    let _ = std::fs::remove_file(&path);
+/// A scripted backend's thread: it returns the requests it took.
+type Script = JoinHandle<Vec<(u32, Vec<u8>)>>;
+
+/// A scripted backend listening on a socket of its own, in a directory removed with the
+/// returned guard.
+fn listening(tag: &str, features: u64, protocol: u64) -> (TempDir, PathBuf, Script) {
+    let dir = temp_dir(tag);
+    let path = dir.0.join("s.sock");
     let listener = UnixListener::bind(&path).unwrap();
     let backend = std::thread::spawn(move || {
         let (s, _) = listener.accept().unwrap();
         scripted(s, features, protocol)
     });
-    (path, backend)
+    (dir, path, backend)
 }
 
 /// PROTOCOL_FEATURES negotiated, but none of the protocol features the frontend uses (only
@@ -98,7 +97,7 @@ fn rings_are_enabled_whenever_protocol_features_is_negotiated() {
 #[test]
 fn queue_indices_beyond_eight_bits_are_refused() {
     let offered = Features::VERSION_1.0 | F_PROTOCOL_FEATURES;
-    let (path, backend) = listening("fe-index", offered, PROTOCOL_MQ);
+    let (_dir, path, backend) = listening("fe-index", offered, PROTOCOL_MQ);
     let v1 = Features::VERSION_1;
     let mut conn = Connection::open(&path, 1025, v1, v1, 1 << 20, Duration::from_secs(2)).unwrap();
     assert!(
@@ -128,7 +127,7 @@ fn queue_indices_beyond_eight_bits_are_refused() {
 fn memory_is_sized_for_the_rx_layout_negotiated() {
     let tso = feature::GUEST_CSUM | feature::GUEST_TSO4;
     let offered = Features::VERSION_1 | Features::RING_INDIRECT_DESC | tso;
-    let (path, backend) = listening("fe-memory", offered.0 | F_PROTOCOL_FEATURES, 0);
+    let (_dir, path, backend) = listening("fe-memory", offered.0 | F_PROTOCOL_FEATURES, 0);
     let config = DriverConfig {
         features: DEFAULT_FEATURES | tso,
         connect_wait: Duration::from_secs(2),
@@ -169,7 +168,7 @@ fn a_close_after_bytes_sent_unasked_is_seen() {
 fn a_backend_that_stops_answering_after_negotiation_times_the_handshake_out() {
     const PROTOCOL_CONFIG: u64 = 1 << 9;
     let offered = Features::VERSION_1 | feature::MAC;
-    let (path, backend) = listening(
+    let (_dir, path, backend) = listening(
         "fe-config",
         offered.0 | F_PROTOCOL_FEATURES,
         PROTOCOL_CONFIG,
