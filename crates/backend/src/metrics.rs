@@ -87,6 +87,7 @@ vnet::counters! {
         hdr_not_negotiated,
         hdr_bad_csum,
         hdr_bad_gso,
+        hdr_too_long,
         /// Control commands handled, and those refused (ack ERR).
         ctrl_commands,
         ctrl_errors,
@@ -103,6 +104,7 @@ impl QueueCounters {
             NotNegotiated => &self.hdr_not_negotiated,
             Csum { .. } => &self.hdr_bad_csum,
             Gso { .. } => &self.hdr_bad_gso,
+            TooLong { .. } => &self.hdr_too_long,
         };
         c.add(1);
     }

@@ -47,6 +47,11 @@ pub enum TxHdrError {
     /// The checksum would start or land outside the frame.
     #[error("checksum at {start} + {offset} is outside a {len}-byte frame")]
     Csum { start: u16, offset: u16, len: usize },
+    /// Longer than any frame a driver sends ([`MAX_TX_FRAME`]): Linux's TAP allocates such a
+    /// frame linearly, and fails it with ENOBUFS, the back-pressure error, from about 4 MiB
+    /// on, every time.
+    #[error("a {len}-byte frame is longer than {MAX_TX_FRAME} bytes")]
+    TooLong { len: usize },
     /// An unknown GSO type, a GSO frame with `gso_size` 0, or `hdr_len` past the frame.
     #[error("GSO type {gso_type:#04x}, size {gso_size}, header length {hdr_len}: invalid")]
     Gso {
@@ -55,6 +60,11 @@ pub enum TxHdrError {
         hdr_len: u16,
     },
 }
+
+/// The longest frame taken after its header: QEMU's NET_BUFSIZE (64 KiB and 4 KiB), above
+/// which QEMU drops a frame too. The largest a driver sends is a GSO super-frame of 65,593
+/// bytes (a 64 KiB IPv6 payload, its 40-byte header, an Ethernet header and a VLAN tag).
+pub const MAX_TX_FRAME: usize = 65536 + 4096;
 
 /// The header length for negotiated `features`.
 pub fn hdr_len(features: Features) -> usize {
@@ -81,6 +91,9 @@ impl NetHdr {
     /// Checks a header the driver sent with a frame of `frame_len` bytes (after the header),
     /// against the negotiated `features`.
     pub fn check_tx(&self, features: Features, frame_len: usize) -> Result<(), TxHdrError> {
+        if frame_len > MAX_TX_FRAME {
+            return Err(TxHdrError::TooLong { len: frame_len });
+        }
         if self.flags & !HDR_F_NEEDS_CSUM != 0 {
             return Err(TxHdrError::Flags(self.flags));
         }
@@ -117,6 +130,19 @@ impl NetHdr {
             return Err(TxHdrError::NotNegotiated);
         }
         if self.gso_size == 0 || self.hdr_len as usize > frame_len {
+            return Err(bad_gso);
+        }
+        // What Linux's virtio_net_hdr_to_skb refuses since 6.11 (and stable), after syzbot
+        // reached WARNs in skb_checksum_help and __udp_gso_segment with such headers: USO
+        // needs its checksum asked for, at udphdr.check, and no ECN; a TCP checksum asked for
+        // lands at tcphdr.check.
+        let csum = self.flags & HDR_F_NEEDS_CSUM != 0;
+        let bad = match kind {
+            HDR_GSO_UDP_L4 => !csum || self.csum_offset != 6 || ecn,
+            HDR_GSO_TCPV4 | HDR_GSO_TCPV6 => csum && self.csum_offset != 16,
+            _ => false,
+        };
+        if bad {
             return Err(bad_gso);
         }
         Ok(())
@@ -297,5 +323,55 @@ mod tests {
         assert_eq!(parse_mac("52:54:00:ab:cd"), None);
         assert_eq!(parse_mac("52:54:00:ab:cd:ef:01"), None);
         assert_eq!(parse_mac("zz:54:00:ab:cd:ef"), None);
+    }
+
+    #[test]
+    fn a_frame_past_the_largest_a_driver_sends_is_refused() {
+        let plain = NetHdr::default();
+        assert_eq!(plain.check_tx(Features::VERSION_1, MAX_TX_FRAME), Ok(()));
+        let len = MAX_TX_FRAME + 1;
+        assert_eq!(
+            plain.check_tx(Features::VERSION_1, len),
+            Err(TxHdrError::TooLong { len })
+        );
+        // The largest GSO super-frame: a 64 KiB IPv6 payload behind its headers and a VLAN tag.
+        assert!(MAX_TX_FRAME >= 65535 + 40 + 14 + 4);
+    }
+
+    /// The rules Linux added to virtio_net_hdr_to_skb in 2024 after syzbot reached
+    /// WARNs in skb_checksum_help / __udp_gso_segment (fc8b2a619469, 89add40066f9).
+    #[test]
+    fn uso_and_tso_headers_the_kernel_now_refuses_are_refused() {
+        let f = Features::VERSION_1 | feature::CSUM | feature::HOST_USO | feature::HOST_TSO4;
+        let uso = NetHdr {
+            flags: HDR_F_NEEDS_CSUM,
+            gso_type: HDR_GSO_UDP_L4,
+            hdr_len: 42,
+            gso_size: 1400,
+            csum_start: 34,
+            csum_offset: 6,
+            num_buffers: 0,
+        };
+        assert_eq!(uso.check_tx(f, 9000), Ok(()));
+        let no_csum = NetHdr { flags: 0, ..uso };
+        assert!(no_csum.check_tx(f, 9000).is_err(), "USO without NEEDS_CSUM");
+        let bad_off = NetHdr {
+            csum_offset: 16,
+            ..uso
+        };
+        assert!(
+            bad_off.check_tx(f, 9000).is_err(),
+            "USO csum_offset not udphdr.check"
+        );
+        let tso = NetHdr {
+            gso_type: HDR_GSO_TCPV4,
+            hdr_len: 54,
+            csum_offset: 6,
+            ..uso
+        };
+        assert!(
+            tso.check_tx(f, 9000).is_err(),
+            "TSO csum_offset not tcphdr.check"
+        );
     }
 }

@@ -6,7 +6,7 @@
 
 use vnet::{
     feature, NetHdr, TxHdrError, HDR_F_NEEDS_CSUM, HDR_GSO_ECN, HDR_GSO_NONE, HDR_GSO_TCPV4,
-    HDR_GSO_TCPV6, HDR_GSO_UDP, HDR_GSO_UDP_L4,
+    HDR_GSO_TCPV6, HDR_GSO_UDP, HDR_GSO_UDP_L4, MAX_TX_FRAME,
 };
 use vring::Features;
 
@@ -19,8 +19,12 @@ pub enum Fault {
     NotNegotiated,
     /// The 16-bit checksum field does not lie inside the frame.
     Csum,
-    /// An unknown GSO type, ECN on no GSO, gso_size 0, or hdr_len past the frame.
+    /// An unknown GSO type, ECN on no GSO, gso_size 0, or hdr_len past the frame; and what
+    /// Linux refuses since 6.11: USO without NEEDS_CSUM, with its checksum elsewhere than
+    /// udphdr.check, or with ECN; TSO with its checksum elsewhere than tcphdr.check.
     Gso,
+    /// A frame longer than `vnet::MAX_TX_FRAME`.
+    TooLong,
 }
 
 impl Fault {
@@ -31,6 +35,7 @@ impl Fault {
             TxHdrError::NotNegotiated => Some(Fault::NotNegotiated),
             TxHdrError::Csum { .. } => Some(Fault::Csum),
             TxHdrError::Gso { .. } => Some(Fault::Gso),
+            TxHdrError::TooLong { .. } => Some(Fault::TooLong),
         }
     }
 }
@@ -38,6 +43,9 @@ impl Fault {
 /// Every rule `h` breaks, for a frame of `frame_len` bytes after the header.
 pub fn faults(h: &NetHdr, features: Features, frame_len: usize) -> Vec<Fault> {
     let mut f = Vec::new();
+    if frame_len > MAX_TX_FRAME {
+        f.push(Fault::TooLong);
+    }
     if h.flags & !HDR_F_NEEDS_CSUM != 0 {
         f.push(Fault::Flags);
     }
@@ -70,6 +78,15 @@ pub fn faults(h: &NetHdr, features: Features, frame_len: usize) -> Vec<Fault> {
         f.push(Fault::NotNegotiated);
     }
     if h.gso_size == 0 || h.hdr_len as usize > frame_len {
+        f.push(Fault::Gso);
+    }
+    let csum = h.flags & HDR_F_NEEDS_CSUM != 0;
+    let checksum_elsewhere = match h.gso_type & !HDR_GSO_ECN {
+        HDR_GSO_UDP_L4 => !csum || h.csum_offset != 6 || ecn,
+        HDR_GSO_TCPV4 | HDR_GSO_TCPV6 => csum && h.csum_offset != 16,
+        _ => false,
+    };
+    if checksum_elsewhere {
         f.push(Fault::Gso);
     }
     f
