@@ -152,7 +152,9 @@ pub fn install_queue(epoll: &Epoll, slot: &mut Option<QueueRuntime>, q: QueueRun
     let watched = epoll.ctl(
         ControlOperation::Add,
         q.kick.as_raw_fd(),
-        EpollEvent::new(EventSet::IN, tag),
+        // Edge-triggered: a kick in semaphore mode (EFD_SEMAPHORE) gives 1 per read and would
+        // stay readable for 2^64 reads; each write of the frontend still wakes us once.
+        EpollEvent::new(EventSet::IN | EventSet::EDGE_TRIGGERED, tag),
     );
     if let Err(e) = watched {
         break_queue(&q, &Error::host("watching the kick eventfd")(e));

@@ -340,6 +340,7 @@ impl VhostUserBackendReqHandlerMut for Connection {
             return Err(invalid("features changed while queues run"));
         }
         let was_logging = self.logging();
+        let first = !self.features_set;
         self.acked_features = acked;
         self.features_set = true;
         self.device
@@ -348,9 +349,12 @@ impl VhostUserBackendReqHandlerMut for Connection {
             .store(acked.0, std::sync::atomic::Ordering::Relaxed);
         // Without protocol features, rings start enabled (vhost-user spec, "Ring states"); see
         // `enable_before_features` for the other case.
-        let enabled = !self.protocol_negotiated() || self.enable_before_features;
-        for v in &mut self.vrings {
-            if !v.running {
+        // Only the first SET_FEATURES sets the rings' initial state: QEMU repeats it (once per
+        // queue pair, and with LOG_ALL when a migration starts or ends), and a ring the
+        // frontend enabled or disabled since keeps that state.
+        if first {
+            let enabled = !self.protocol_negotiated() || self.enable_before_features;
+            for v in &mut self.vrings {
                 v.enabled = enabled;
             }
         }
@@ -740,8 +744,8 @@ impl VhostUserBackendReqHandlerMut for Connection {
 mod tests {
     use std::sync::atomic::Ordering::Relaxed;
 
-    use vhost::vhost_user::message::VhostUserConfigFlags;
-    use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+    use vhost::vhost_user::message::{VhostUserConfigFlags, VhostUserVirtioFeatures};
+    use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK, EFD_SEMAPHORE};
 
     use super::*;
     use crate::testing::{eventfd_file, null_device, Frontend, TX0};
@@ -1317,5 +1321,85 @@ mod tests {
                 "offset {offset} size {size}"
             );
         }
+    }
+
+    /// A kick eventfd in semaphore mode (EFD_SEMAPHORE) is an eventfd like any: each read
+    /// takes 1 off its counter, so one write of 2^64 - 2 would keep a level-triggered watch
+    /// ready for good. The worker watches kicks edge-triggered and sleeps.
+    #[test]
+    fn a_semaphore_kick_filled_once_does_not_keep_the_worker_awake() {
+        let device = null_device();
+        let mut conn = Connection::new(device.clone());
+        let front = Frontend::new();
+        conn.set_features(Features::VERSION_1.0).unwrap();
+        front.set_mem_table(&mut conn).unwrap();
+        conn.set_vring_num(TX0, Frontend::QUEUE_SIZE as u32)
+            .unwrap();
+        front
+            .set_vring_addr(&mut conn, TX0, Frontend::rings(TX0))
+            .unwrap();
+        conn.set_vring_base(TX0, 0).unwrap();
+        let kick = EventFd::new(EFD_NONBLOCK | EFD_SEMAPHORE).unwrap();
+        conn.set_vring_kick(TX0 as u8, Some(eventfd_file(&kick)))
+            .unwrap();
+        assert!(conn.vrings[TX0 as usize].running);
+        kick.write(u64::MAX - 1).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(300)); // busy polling ends
+        let before = testkit::inproc::thread_cpu_ticks("virtnet-pair0");
+        std::thread::sleep(std::time::Duration::from_secs(1));
+        let ticks = testkit::inproc::thread_cpu_ticks("virtnet-pair0") - before;
+        conn.stop_all();
+        assert!(
+            ticks <= 10,
+            "the worker took {ticks} of 100 ticks with nothing to do"
+        );
+    }
+
+    /// Only the first SET_FEATURES sets the rings' initial state. With `enable_before_features`
+    /// (QEMU 7.2) a ring the frontend disabled afterwards was enabled again by the next
+    /// SET_FEATURES (LOG_ALL at migration start), and the next requeue ran it.
+    #[test]
+    fn a_ring_disabled_after_the_features_stays_disabled_when_they_are_sent_again() {
+        let device = null_device();
+        let mut conn = Connection::new(device.clone());
+        let front = Frontend::new();
+        conn.enable_before_features = true; // what the session records for QEMU 7.2
+        let f = Features::VERSION_1.0 | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits();
+        conn.set_features(f).unwrap();
+        front.set_mem_table(&mut conn).unwrap();
+        let _tx = front.set_up_tx0(&mut conn);
+        assert!(conn.vrings[TX0 as usize].running);
+        conn.set_vring_enable(TX0, false).unwrap();
+        assert!(!conn.vrings[TX0 as usize].running);
+        // Migration starts: SET_FEATURES with LOG_ALL, then a memory change requeues.
+        conn.set_features(f | LOG_ALL.0).unwrap();
+        front.set_mem_table(&mut conn).unwrap();
+        assert!(!conn.vrings[TX0 as usize].running, "a disabled ring runs");
+    }
+
+    /// The other way: a ring enabled but waiting for its memory was disabled by a repeated
+    /// SET_FEATURES (QEMU sends one per queue pair) and never started.
+    #[test]
+    fn a_ring_enabled_before_its_memory_stays_enabled_across_set_features() {
+        let device = null_device();
+        let mut conn = Connection::new(device.clone());
+        let front = Frontend::new();
+        let f = Features::VERSION_1.0 | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits();
+        conn.set_features(f).unwrap();
+        conn.set_vring_num(TX0, Frontend::QUEUE_SIZE as u32)
+            .unwrap();
+        front
+            .set_vring_addr(&mut conn, TX0, Frontend::rings(TX0))
+            .unwrap();
+        let kick = EventFd::new(EFD_NONBLOCK).unwrap();
+        conn.set_vring_kick(TX0 as u8, Some(eventfd_file(&kick)))
+            .unwrap();
+        conn.set_vring_enable(TX0, true).unwrap();
+        conn.set_features(f).unwrap();
+        front.set_mem_table(&mut conn).unwrap();
+        assert!(
+            conn.vrings[TX0 as usize].running,
+            "an enabled ring did not start"
+        );
     }
 }
