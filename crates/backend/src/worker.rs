@@ -80,6 +80,10 @@ pub struct Worker<H: Host> {
     /// The host port pushed back (`Sent::Busy`): the frame stays on the tx ring, and tx does
     /// not run (nor take kicks) until the port is writable.
     tx_waits_host: bool,
+    /// The host port's fd reports EPOLLERR or EPOLLHUP for good (a deleted TAP, a pipe with no
+    /// reader; level-triggered epoll would wake us at once, forever): it is no longer watched.
+    /// A socket's pending error, which reading SO_ERROR clears, is not that.
+    host_gone: bool,
     /// The tx frames of one batch ([`Host::tx_batch`]) and what became of each.
     chains: Vec<Chain>,
     sent: Vec<Sent>,
@@ -106,6 +110,7 @@ impl<H: Host> Worker<H> {
             timer: TimerFd::new()?,
             host_armed: EventSet::empty(),
             tx_waits_host: false,
+            host_gone: false,
             chains: Vec::new(),
             sent: Vec::new(),
             faults: FaultWatch::default(),
@@ -189,6 +194,14 @@ impl<H: Host> Worker<H> {
                     EV_TX_KICK => self.tx.iter().for_each(QueueRuntime::take_kick),
                     EV_TIMER => {
                         let _ = self.timer.wait();
+                    }
+                    EV_HOST
+                        if ev
+                            .event_set()
+                            .intersects(EventSet::ERROR | EventSet::HANG_UP)
+                            && self.host.fd().is_some_and(virtnet_sys::error_persists) =>
+                    {
+                        self.unwatch_host();
                     }
                     _ => {}
                 }
@@ -558,7 +571,9 @@ impl<H: Host> Worker<H> {
     /// TAP with nowhere to put its frames must not wake us (level-triggered epoll would spin);
     /// the rx kick will. And for writing only while tx waits for the host.
     fn arm_host(&mut self) {
-        let Some(fd) = self.host.fd() else { return };
+        let Some(fd) = self.host.fd().filter(|_| !self.host_gone) else {
+            return;
+        };
         let mut want = EventSet::empty();
         // With a frame already waiting for buffers, the fd has nothing to tell us.
         if !self.host.holds_frame() && !self.rx.still_blocked() && self.rx.has_buffers() {
@@ -581,6 +596,20 @@ impl<H: Host> Worker<H> {
             // Not watched: rx then runs on the guest's kicks and busy polling only.
             Err(e) => tracing::warn!(error = %e, "cannot watch the host port"),
         }
+    }
+
+    /// Stops watching the host port's fd, which reported an error: rx then runs on kicks and
+    /// busy polling, and a tx frame waiting for the port is tried again (and dropped).
+    #[cold]
+    fn unwatch_host(&mut self) {
+        tracing::warn!("the host port's fd reports an error; no longer watched");
+        if let Some(fd) = self.host.fd() {
+            let _ = self
+                .epoll
+                .ctl(ControlOperation::Delete, fd, EpollEvent::default());
+        }
+        self.host_armed = EventSet::empty();
+        self.host_gone = true;
     }
 
     /// Whether guest rx can take a frame now: it runs, its pair is active, and the guest has
@@ -809,6 +838,52 @@ mod tests {
             c.host_pushback >= 4,
             "pushed back {} times",
             c.host_pushback
+        );
+        drop(worker);
+    }
+
+    /// A host fd in error for good (here a pipe whose reader is gone, as a deleted TAP reports
+    /// EPOLLERR and never EPOLLOUT again) while tx waits for it.
+    #[test]
+    fn a_host_fd_in_error_neither_spins_the_worker_nor_keeps_tx_for_good() {
+        const FRAMES: u32 = 64;
+        let (rd, wr) = pipe();
+        let shared = Arc::new(shared());
+        let s = setup_sized(QueueId::Tx(0), Features::VERSION_1, 256);
+        let (mut driver, mem, counters) = (s.driver, s.mem, s.runtime.counters.clone());
+        for i in 0..FRAMES {
+            let addr = testkit::Pair::buf(i as u64, 2000);
+            mem.write(addr.addr, &[0u8; vnet::HDR_LEN]).unwrap();
+            driver.add(&[addr], &[], i).unwrap();
+        }
+        let name = "t-host-err";
+        let wake = vmm_sys_util::eventfd::EventFd::new(libc::EFD_NONBLOCK).unwrap();
+        let worker = WorkerHandle::spawn(name.into(), wake, move |inbox| {
+            let port = PipePort::new(wr, false);
+            Worker::new(0, port, shared, inbox).unwrap().run().unwrap();
+        })
+        .unwrap();
+        worker.start(s.runtime);
+        assert!(testkit::eventually(Duration::from_secs(5), || {
+            counters.host_pushback.get() > 0
+        }));
+        drop(rd);
+        std::thread::sleep(Duration::from_millis(50));
+        let ticks = testkit::inproc::thread_cpu_ticks(name);
+        std::thread::sleep(Duration::from_millis(300));
+        let spun = testkit::inproc::thread_cpu_ticks(name) - ticks;
+        let c = counters.snapshot();
+        eprintln!(
+            "ticks in 300 ms: {spun}; packets {} dropped {}",
+            c.packets, c.dropped
+        );
+        assert!(
+            spun <= 3,
+            "the worker spun on a host fd in error ({spun} ticks)"
+        );
+        assert_eq!(
+            c.packets, FRAMES as u64,
+            "tx frames kept on the ring for good"
         );
         drop(worker);
     }

@@ -225,8 +225,36 @@ pub fn readable_now(fd: RawFd) -> bool {
 }
 
 /// Whether `fd` is writable now (poll with a zero timeout): "does the TAP take frames again".
+/// An fd in error (a deleted TAP: POLLERR, never POLLOUT again) counts as writable: the
+/// write is tried and fails for good, rather than waited for.
 pub fn writable_now(fd: RawFd) -> bool {
-    ready_now(fd, libc::POLLOUT)
+    ready_now(fd, libc::POLLOUT | libc::POLLERR | libc::POLLHUP)
+}
+
+/// After EPOLLERR or EPOLLHUP on `fd`: takes a socket's pending error (reading SO_ERROR clears
+/// it; other fds refuse the option) and says whether `fd` still reports an error or a hang-up,
+/// as a deleted TAP or a pipe without a reader does for good.
+pub fn error_persists(fd: RawFd) -> bool {
+    let mut err: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: `err` and `len` are valid for writes and `len` says how big `err` is.
+    unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_ERROR,
+            (&mut err as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    };
+    let mut p = libc::pollfd {
+        fd,
+        events: 0,
+        revents: 0,
+    };
+    // SAFETY: `p` is a valid pollfd for the duration of the call; nfds = 1.
+    let r = unsafe { libc::poll(&mut p, 1, 0) };
+    r > 0 && p.revents & (libc::POLLERR | libc::POLLHUP) != 0
 }
 
 fn ready_now(fd: RawFd, events: libc::c_short) -> bool {
