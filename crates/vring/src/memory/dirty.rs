@@ -53,7 +53,7 @@ impl DirtyLog {
     /// LOG_SHMFD). The file must be shared memory (a memfd, tmpfs or hugetlbfs, as guest
     /// memory is) and hold the whole log; the size must be non-zero.
     pub fn from_file(file: File, size: u64, offset: u64) -> Result<DirtyLog, Error> {
-        let file_len = check_ram_file(&file)?;
+        let (file_len, page) = check_ram_file(&file)?;
         let end = offset
             .checked_add(size)
             .filter(|&e| size > 0 && e <= file_len);
@@ -62,6 +62,9 @@ impl DirtyLog {
                 reason: "dirty log is empty or extends past the end of its file",
             });
         };
+        // Whole pages of the file (huge pages on hugetlbfs), which holds them: see
+        // `Region::from_source`.
+        let end = end.div_ceil(page) * page;
         let total = usize::try_from(end).map_err(|_| Error::InvalidMemory {
             reason: "dirty log too large to map",
         })?;
