@@ -60,11 +60,12 @@ pub struct Connection {
     mem: Option<Arc<GuestMemory>>,
     /// The dirty log the frontend shared (SET_LOG_BASE): written while LOG_ALL is acked.
     log: Option<SharedLog>,
-    /// How many times each region of the memory (guest address, size, user address) was
-    /// added by ADD_MEM_REG: QEMU keeps a region table per queue pair and adds (and removes)
-    /// every region once per pair over the one connection. A region goes when the last of
-    /// them removes it.
-    region_refs: Vec<((u64, u64, u64), u32)>,
+    /// Regions (guest address, size, user address) removed by REM_MEM_REG since the last
+    /// SET_MEM_TABLE: QEMU keeps a region table per queue pair and adds (and removes) every
+    /// region once per pair over the one connection, so a removal is repeated by the other
+    /// pairs. A region goes at the first removal (all pairs share one memory, and the next
+    /// pair's ADD_MEM_REG of a replacement must not overlap it); repeats are acked.
+    removed: Vec<(u64, u64, u64)>,
     vrings: Vec<VringSetup>,
     /// Set when a request that needs a reply failed: the frontend would wait forever for an
     /// answer we did not send, so the connection must close.
@@ -99,7 +100,7 @@ impl Connection {
             features_set: false,
             mem: None,
             log: None,
-            region_refs: Vec::new(),
+            removed: Vec::new(),
             vrings: (0..n).map(|_| VringSetup::default()).collect(),
             must_disconnect: false,
             enable_before_features: false,
@@ -409,10 +410,7 @@ impl VhostUserBackendReqHandlerMut for Connection {
             tracing::warn!(error = %e, "memory table refused");
             VuError::InvalidParam
         })?;
-        self.region_refs = ctx
-            .iter()
-            .map(|r| ((r.guest_phys_addr, r.memory_size, r.user_addr), 1))
-            .collect();
+        self.removed.clear();
         self.replace_memory(Some(mem))?;
         Ok(None)
     }
@@ -625,9 +623,12 @@ impl VhostUserBackendReqHandlerMut for Connection {
         // Copies: the message struct is packed.
         let (guest, size, user) = (region.guest_phys_addr, region.memory_size, region.user_addr);
         let key = (guest, size, user);
-        if let Some((_, refs)) = self.region_refs.iter_mut().find(|(k, _)| *k == key) {
+        let mapped = |m: &GuestMemory| {
+            m.regions()
+                .any(|r| (r.guest_addr.0, r.size, r.user_addr) == key)
+        };
+        if self.mem.as_deref().is_some_and(mapped) {
             // The same region from another queue pair's table: mapped already.
-            *refs += 1;
             return Ok(None);
         }
         let source = RegionSource {
@@ -647,7 +648,7 @@ impl VhostUserBackendReqHandlerMut for Connection {
             VuError::InvalidParam
         })?;
         self.replace_memory(Some(mem))?;
-        self.region_refs.push((key, 1));
+        self.removed.retain(|k| *k != key);
         tracing::info!(guest, size, "memory region added");
         Ok(None)
     }
@@ -655,12 +656,13 @@ impl VhostUserBackendReqHandlerMut for Connection {
     fn remove_mem_region(&mut self, region: &VhostUserSingleMemoryRegion) -> VuResult<()> {
         let (guest, size, user) = (region.guest_phys_addr, region.memory_size, region.user_addr);
         let key = (guest, size, user);
-        if let Some((_, refs)) = self.region_refs.iter_mut().find(|(k, _)| *k == key) {
-            if *refs > 1 {
-                // Another queue pair's table still has it.
-                *refs -= 1;
-                return Ok(());
-            }
+        let mapped = self.mem.as_ref().is_some_and(|m| {
+            m.regions()
+                .any(|r| (r.guest_addr.0, r.size, r.user_addr) == key)
+        });
+        if !mapped && self.removed.contains(&key) {
+            // Another queue pair's table removing it too: gone already.
+            return Ok(());
         }
         let mem = self
             .mem
@@ -675,7 +677,10 @@ impl VhostUserBackendReqHandlerMut for Connection {
                 VuError::InvalidParam
             })?;
         self.replace_memory(mem)?;
-        self.region_refs.retain(|(k, _)| *k != key);
+        if self.removed.len() >= MAX_REGIONS {
+            self.removed.remove(0);
+        }
+        self.removed.push(key);
         tracing::info!(guest, size, "memory region removed");
         Ok(())
     }
@@ -1068,7 +1073,7 @@ mod tests {
     }
 
     #[test]
-    fn a_region_every_queue_pair_added_stays_until_the_last_removes_it() {
+    fn a_region_every_queue_pair_added_and_removed_is_mapped_once_and_goes_at_the_first_removal() {
         let mut s = setup();
         let front = Frontend::two_regions();
         s.conn.set_features(Features::VERSION_1.0).unwrap();
@@ -1081,19 +1086,14 @@ mod tests {
         }
         assert_eq!(s.conn.mem.as_ref().unwrap().regions().count(), 2);
         let mut tx = front.set_up_tx0(&mut s.conn);
-        let hotplugged = GuestAddress(Frontend::HOTPLUG + 0x100);
         let (second, _) = front.region(1);
         s.conn.remove_mem_region(&second).unwrap();
-        assert_eq!(
-            s.conn.mem.as_ref().unwrap().regions().count(),
-            2,
-            "one pair has it"
-        );
-        assert_eq!(tx.send_from(hotplugged, 1), (1, 0));
-        s.conn.remove_mem_region(&second).unwrap();
         assert_eq!(s.conn.mem.as_ref().unwrap().regions().count(), 1);
+        // The other pair's removal is acked; a region never added is still refused.
+        s.conn.remove_mem_region(&second).unwrap();
+        let never = VhostUserSingleMemoryRegion::new(0x40_0000, 0x1000, 0x7000_0000, 0);
         assert!(matches!(
-            s.conn.remove_mem_region(&second),
+            s.conn.remove_mem_region(&never),
             Err(VuError::InvalidParam)
         ));
         assert_eq!(tx.send(2), (2, 0));
@@ -1400,6 +1400,46 @@ mod tests {
         assert!(
             conn.vrings[TX0 as usize].running,
             "an enabled ring did not start"
+        );
+    }
+
+    /// With two queue pairs, QEMU 7.2 replaces a region (resized, or merged with a neighbour)
+    /// as REM_MEM_REG + ADD_MEM_REG per pair. When a region stayed until the last pair removed
+    /// it, pair 0's ADD of the replacement overlapped the old region and was refused.
+    #[test]
+    fn a_region_replaced_by_each_pair_in_turn_is_accepted() {
+        let device = null_device();
+        let mut conn = Connection::new(device.clone());
+        conn.set_features(Features::VERSION_1.0).unwrap();
+        let old = GuestMemory::memfd(&[(GuestAddress(0), 0x1_0000)]).unwrap();
+        let new = GuestMemory::memfd(&[(GuestAddress(0), 0x2_0000)]).unwrap();
+        let region = |m: &GuestMemory| {
+            let r = m.regions().next().unwrap();
+            let msg = VhostUserSingleMemoryRegion::new(
+                r.guest_addr.0,
+                r.size,
+                r.user_addr,
+                r.file_offset,
+            );
+            (msg, r.file.unwrap().try_clone().unwrap())
+        };
+        for _pair in 0..2 {
+            let (r, f) = region(&old);
+            conn.add_mem_region(&r, f, None).unwrap();
+        }
+        for pair in 0..2 {
+            let (r, _) = region(&old);
+            conn.remove_mem_region(&r).unwrap();
+            let (r, f) = region(&new);
+            assert!(
+                conn.add_mem_region(&r, f, None).is_ok(),
+                "pair {pair}'s ADD_MEM_REG of the resized region refused"
+            );
+        }
+        let mem = conn.mem.as_ref().unwrap();
+        assert_eq!(
+            mem.regions().map(|r| r.size).collect::<Vec<_>>(),
+            [0x2_0000]
         );
     }
 }
