@@ -181,8 +181,9 @@ impl TapQueue {
 
     /// Reads one frame (virtio-net header first) scattered over `segs` of `mem`, then `tail`
     /// for what they cannot hold. Returns its length; WouldBlock (inner) when no frame is
-    /// waiting. The kernel drops a frame longer than `segs` and `tail` together (EFAULT), so
-    /// callers size them for the largest frame.
+    /// waiting. The kernel copies what fits of a frame longer than `segs` and `tail` together,
+    /// returns that length and drops the rest (Linux 6.18), so callers size them for the
+    /// largest frame.
     pub fn read_frame(
         &self,
         mem: &GuestMemory,
