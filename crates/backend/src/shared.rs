@@ -200,6 +200,9 @@ pub struct Shared {
     pub taps: Vec<TapQueue>,
     /// Queue pairs in use (MQ VQ_PAIRS_SET); the others carry no traffic.
     pub active_pairs: AtomicU16,
+    /// Whether each pair's rx ring is enabled (SET_VRING_ENABLE): QEMU runs the control queue
+    /// itself and tells us which pairs the guest uses this way. All, until a frontend says.
+    pub rx_enabled: Vec<AtomicBool>,
     /// The receive filter (CTRL_RX, CTRL_MAC_ADDR): promiscuous by default, as in QEMU.
     pub promisc: AtomicBool,
     pub allmulti: AtomicBool,
@@ -300,6 +303,7 @@ impl Shared {
         Ok(Shared {
             offered,
             active_pairs: AtomicU16::new(config.pairs),
+            rx_enabled: (0..config.pairs).map(|_| AtomicBool::new(true)).collect(),
             promisc: AtomicBool::new(true),
             allmulti: AtomicBool::new(false),
             mac: AtomicU64::new(mac_to_u64(config.mac)),
@@ -354,12 +358,32 @@ impl Shared {
     /// Uses the first `n` pairs: the TAP queues of the others are detached, so the kernel
     /// stops steering frames to them.
     pub fn set_active_pairs(&self, n: u16) -> io::Result<()> {
-        for (p, t) in self.taps.iter().enumerate() {
-            t.set_attached(p < n as usize)?;
-        }
         self.active_pairs.store(n, Relaxed);
+        self.attach_taps()?;
         for w in &self.wakes {
             let _ = w.write(1);
+        }
+        Ok(())
+    }
+
+    /// Records whether pair `p`'s rx ring is enabled (None: every pair's, as before any
+    /// frontend), and attaches or detaches the TAP queues to match: the kernel steers frames
+    /// only to attached queues, and those of a pair nobody receives on would be lost.
+    pub fn set_rx_enabled(&self, p: Option<usize>, on: bool) -> io::Result<()> {
+        for (i, e) in self.rx_enabled.iter().enumerate() {
+            if p.is_none_or(|p| p == i) {
+                e.store(on, Relaxed);
+            }
+        }
+        self.attach_taps()
+    }
+
+    /// Attaches the TAP queue of each pair that is in use and whose rx ring is enabled, and
+    /// detaches the others.
+    fn attach_taps(&self) -> io::Result<()> {
+        let n = self.active_pairs.load(Relaxed) as usize;
+        for (p, t) in self.taps.iter().enumerate() {
+            t.set_attached(p < n && self.rx_enabled[p].load(Relaxed))?;
         }
         Ok(())
     }

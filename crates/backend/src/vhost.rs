@@ -289,6 +289,16 @@ impl Connection {
             // A hung worker is logged by `stop`; the other queues are stopped all the same.
             let _ = self.stop(i);
         }
+        // The next frontend starts from every TAP queue attached, as the device did.
+        self.rx_rings_enabled(None, true);
+    }
+
+    /// The frontend enabled or disabled the rx ring of pair `pair` (None: every pair): the
+    /// pair's TAP queue follows, so that the kernel steers no frame to a queue nobody takes.
+    fn rx_rings_enabled(&self, pair: Option<usize>, on: bool) {
+        if let Err(e) = self.device.shared().set_rx_enabled(pair, on) {
+            tracing::warn!(error = %e, ?pair, on, "attaching or detaching a TAP queue");
+        }
     }
 
     /// Adopts a kick, call or err fd: only an eventfd is taken (see `virtnet_sys::peer_fd`);
@@ -358,6 +368,7 @@ impl VhostUserBackendReqHandlerMut for Connection {
             for v in &mut self.vrings {
                 v.enabled = enabled;
             }
+            self.rx_rings_enabled(None, enabled);
         }
         let offloads = TapOffloads {
             csum: acked.contains(feature::GUEST_CSUM),
@@ -549,10 +560,23 @@ impl VhostUserBackendReqHandlerMut for Connection {
         }
         let i = index as usize;
         self.vring(index)?.enabled = enable;
+        // An rx ring's TAP queue is attached before the ring starts and detached once it has
+        // stopped, so that its worker never watches a detached queue.
+        let rx_pair = match self.queue_id(i) {
+            Some(QueueId::Rx(p)) => Some(p as usize),
+            _ => None,
+        };
         if enable {
+            if rx_pair.is_some() {
+                self.rx_rings_enabled(rx_pair, true);
+            }
             self.try_start(i)
         } else {
-            self.stop(i)
+            let stopped = self.stop(i);
+            if rx_pair.is_some() {
+                self.rx_rings_enabled(rx_pair, false);
+            }
+            stopped
         }
     }
 

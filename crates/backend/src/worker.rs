@@ -250,6 +250,9 @@ impl<H: Host> Worker<H> {
         while let Some(cmd) = self.inbox.next() {
             match cmd {
                 Command::Start(q) => {
+                    // A port fd given up on is tried again with each queue start: a TAP queue
+                    // detached meanwhile (its pair disabled) reported an error until attached.
+                    self.host_gone = false;
                     if matches!(q.id, QueueId::Rx(_)) {
                         self.rx.release();
                         install_queue(&self.epoll, &mut self.rx.queue, *q, EV_RX_KICK);
@@ -576,7 +579,12 @@ impl<H: Host> Worker<H> {
         };
         let mut want = EventSet::empty();
         // With a frame already waiting for buffers, the fd has nothing to tell us.
-        if !self.host.holds_frame() && !self.rx.still_blocked() && self.rx.has_buffers() {
+        // Nor while the pair is not in use: its TAP queue is detached, and reports an error.
+        if self.active()
+            && !self.host.holds_frame()
+            && !self.rx.still_blocked()
+            && self.rx.has_buffers()
+        {
             want |= EventSet::IN;
         }
         if self.tx_waits_host {

@@ -209,3 +209,38 @@ fn a_broken_rx_ring_with_buffers_posted_and_frames_waiting_leaves_the_worker_idl
     }
     testkit::recovery::assert_idle(&b);
 }
+
+/// A two-pair device whose frontend runs only pair 0 (its rings are the only ones enabled,
+/// as with a guest that uses fewer pairs than the device has: QEMU disables the others'
+/// rings): every flow from the host reaches pair 0. The TAP queue of the pair nobody runs is
+/// detached, so the kernel steers nothing to it; attached, it swallowed the flows it was
+/// given.
+#[test]
+fn flows_reach_the_only_pair_whose_rx_ring_is_enabled() {
+    let Some((ns, tap)) = setup() else { return };
+    let b = ns.run(|| {
+        testkit::inproc::start_backend(
+            "taprx-pairs",
+            virtnet_backend::BackendConfig {
+                io: virtnet_backend::IoMode::Tap(tap.name.clone()),
+                pairs: 2,
+                ..Default::default()
+            },
+        )
+    });
+    let mut p = connect(&b, WANTED);
+    // Flows from many source ports, which the TAP spreads over its attached queues.
+    let flows: Vec<UdpSocket> = (0..64).map(|_| sender(&ns)).collect();
+    let n = 4 * flows.len();
+    for i in 0..n {
+        flows[i % flows.len()]
+            .send_to(&payload(i, 100), GUEST)
+            .unwrap();
+        if i % 32 == 31 {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+    let got = receive(&mut p, n, Duration::from_secs(10));
+    assert_eq!(got.len(), n, "frames received on pair 0");
+    assert_eq!(b.device.reports()[2].counters.packets, 0, "pair 1 received");
+}
