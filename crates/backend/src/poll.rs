@@ -232,8 +232,8 @@ impl AutoPoll {
         !self.backoff.is_zero() && now < self.until
     }
 
-    /// One idle gap: from a turn that found nothing to the next turn that moved a frame,
-    /// the poll before it having lasted up to [`AutoPoll::budget`] at `now`.
+    /// One idle gap: from a turn that found nothing to the start of the next turn that moved
+    /// a frame, the poll before it having lasted up to [`AutoPoll::budget`] at `now`.
     pub fn record_gap(&mut self, gap: Duration, now: Instant) {
         // Not polling for another reason (contention), or a poll the scheduler cut short
         // (another task ran in the gap): the gap says nothing of the budget.

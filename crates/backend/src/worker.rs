@@ -156,14 +156,15 @@ impl<H: Host> Worker<H> {
                 return Ok(());
             }
             self.fire_due_calls();
+            // The gap ends when the turn starts, not after it: a hit's own work is no idle time.
+            let turn_start = self.idle_since.map(|_| Instant::now());
             let tx = self.handle_tx();
             let rx = self.handle_rx();
             self.faults
                 .check(self.tx.iter().chain(self.rx.queue.iter()));
             let frames = tx.frames + rx.frames;
             if frames > 0 {
-                if let Some(t) = self.idle_since.take() {
-                    let now = Instant::now();
+                if let (Some(t), Some(now)) = (self.idle_since.take(), turn_start) {
                     self.auto.record_gap(now - t, now);
                 }
             }
