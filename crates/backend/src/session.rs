@@ -168,7 +168,10 @@ fn serve_request(handler: &mut RequestHandler, conn: &Mutex<vhost::Connection>) 
             true
         }
         Err(e) => {
-            let must_close = conn.lock().map(|c| c.must_disconnect).unwrap_or(true);
+            // A request whose protocol feature was not acknowledged: the handler refused it
+            // without an answer, which a request that wants one would wait for forever.
+            let unanswered = matches!(e, VuError::InactiveOperation(_));
+            let must_close = unanswered || conn.lock().map(|c| c.must_disconnect).unwrap_or(true);
             let socket_level = matches!(
                 e,
                 VuError::SocketBroken(_)

@@ -335,6 +335,32 @@ fn raw_reply_u64(s: &mut UnixStream) -> (u32, u64) {
     (w(0), u64::from_ne_bytes(r[12..].try_into().unwrap()))
 }
 
+/// A request whose protocol feature was not acknowledged (GET_QUEUE_NUM without MQ) gets no
+/// answer from the handler: the connection closes, so the frontend sees why at once instead of
+/// waiting for a reply that never comes.
+#[test]
+fn a_request_of_a_protocol_feature_never_acked_closes_the_connection() {
+    use std::io::Read;
+    const SET_OWNER: u32 = 3;
+    const GET_QUEUE_NUM: u32 = 17;
+    let exclusive = recovery::exclusive();
+    let b = echo_backend("inactive");
+    let base = Baseline::take(&exclusive, &b);
+    let mut s = UnixStream::connect(&b.socket).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+    raw_send(&mut s, SET_OWNER, 1, &[]);
+    raw_send(&mut s, GET_QUEUE_NUM, 1, &[]);
+    let t = Instant::now();
+    let got = s.read(&mut [0u8; 64]);
+    assert!(
+        matches!(got, Ok(0)),
+        "after {:?}: {got:?}, not the close",
+        t.elapsed()
+    );
+    drop(s);
+    recovery::assert_recovered(&b, &base);
+}
+
 #[test]
 fn status_is_kept_and_a_broken_queue_reports_needs_reset() {
     const GET_FEATURES: u32 = 1;
