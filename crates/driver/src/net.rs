@@ -142,28 +142,22 @@ impl NetDriver {
             &|negotiated| Self::memory_needed(config, negotiated),
             config.connect_wait,
         )?;
-        let started = Self::start(&mut conn, config);
-        let Started {
-            max_pairs,
-            mac,
-            mtu,
-            pairs,
-            queue_pairs,
-            ctrl,
-        } = started.map_err(|e| conn.handshake_error(e))?;
+        let s = Self::start(&mut conn, config).map_err(|e| conn.handshake_error(e))?;
         conn.finish_handshake()?;
-        let counters = queue_pairs
+        let counters = s
+            .queue_pairs
             .iter()
             .map(|p| (p.rx.counters.clone(), p.tx.counters.clone()))
             .collect();
+        let pairs = s.pairs;
         let mut driver = NetDriver {
             conn,
-            max_pairs,
-            mac,
-            mtu,
-            pairs: queue_pairs,
+            max_pairs: s.max_pairs,
+            mac: s.mac,
+            mtu: s.mtu,
+            pairs: s.queue_pairs,
             counters,
-            ctrl,
+            ctrl: s.ctrl,
             active_pairs: pairs,
         };
         if driver.features().contains(feature::MQ) && driver.ctrl.is_some() {
