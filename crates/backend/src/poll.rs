@@ -237,7 +237,9 @@ impl AutoPoll {
     pub fn record_gap(&mut self, gap: Duration, now: Instant) {
         // Not polling for another reason (contention), or a poll the scheduler cut short
         // (another task ran in the gap): the gap says nothing of the budget.
-        if self.contended(now) || std::mem::take(&mut self.preempted) {
+        // Taken whatever else holds: a cut-short poll says nothing of a later gap.
+        let preempted = std::mem::take(&mut self.preempted);
+        if self.contended(now) || preempted {
             return;
         }
         if self.quiet_until.is_some_and(|t| now < t) {
@@ -298,9 +300,12 @@ impl AutoPoll {
     /// siblings on its CPU have run ([`crate::siblings::Sibling::sample`]), None when the
     /// kernel does not say.
     pub fn check(&mut self, now: Instant, sched: Option<(Sched, u64)>) -> Check {
+        let sampled = sched.is_some();
         let (own, siblings) = sched.unwrap_or_default();
         let contended = match self.last_check {
-            Some(last) => {
+            // After a check without a sample, the next starts afresh: against zeros, its
+            // sample would read as the thread's whole life of waits.
+            Some(last) if sampled && last.sampled => {
                 let wall = now.saturating_duration_since(last.at).as_nanos() as u64;
                 // Waits the siblings' runs account for are no contention (see siblings.rs).
                 let waited = own.waited_ns.saturating_sub(last.waited_ns);
@@ -308,11 +313,12 @@ impl AutoPoll {
                 let per_slice = foreign / own.slices.saturating_sub(last.slices).max(1);
                 foreign * RUN_DELAY_SHARE > wall && per_slice > SLICE_WAIT.as_nanos() as u64
             }
-            None => false,
+            _ => false,
         };
         let polled = std::mem::take(&mut self.polled);
         self.last_check = Some(LastCheck {
             at: now,
+            sampled,
             waited_ns: own.waited_ns,
             slices: own.slices,
             siblings_ns: siblings,
@@ -356,6 +362,8 @@ impl AutoPoll {
 #[derive(Clone, Copy, Debug)]
 struct LastCheck {
     at: Instant,
+    /// Whether the kernel gave a sample (the counts below are zeros if not).
+    sampled: bool,
     waited_ns: u64,
     slices: u64,
     siblings_ns: u64,
@@ -534,6 +542,58 @@ mod tests {
         p.record_exit(PollExit::Timeout);
         feed(&mut p, t, [150]);
         assert_eq!(p.budget(t), 100);
+    }
+
+    #[test]
+    fn a_poll_cut_short_during_a_back_off_does_not_hide_the_first_gap_after_it() {
+        let t0 = Instant::now();
+        let mut p = AutoPoll::new(t0);
+        let mut sched = (0, 0);
+        waited(&mut p, t0, &mut sched, 0);
+        waited(&mut p, t0 + CHECK_EVERY, &mut sched, 5);
+        let t = t0 + 2 * CHECK_EVERY;
+        assert_eq!(waited(&mut p, t, &mut sched, 5), Check::Contended);
+        p.record_exit(PollExit::Yield);
+        feed(&mut p, t, [150]);
+        // The first gap after the back-off, slept through without a poll of its own.
+        let after = t + BACKOFF_MIN;
+        feed(&mut p, after, [150]);
+        assert_eq!(
+            p.budget(after),
+            100,
+            "the near miss after the back-off counts"
+        );
+    }
+
+    #[test]
+    fn a_check_without_a_sample_is_no_strike_for_the_next() {
+        let t0 = Instant::now();
+        let mut p = AutoPoll::new(t0);
+        // A thread that has waited 3 s over its life, sampled every 10 ms.
+        let life = Some((
+            Sched {
+                ran_ns: 0,
+                waited_ns: 3_000_000_000,
+                slices: 1_000,
+            },
+            0,
+        ));
+        assert_eq!(p.check(t0, life), Check::Same);
+        assert_eq!(p.check(t0 + CHECK_EVERY, None), Check::Same);
+        // A clean interval, then one with a short task's wait (5 ms in one slice): a blip,
+        // not the second strike of contention.
+        let t = t0 + 2 * CHECK_EVERY;
+        assert_eq!(p.check(t, life), Check::Same);
+        let blip = Some((
+            Sched {
+                ran_ns: 0,
+                waited_ns: 3_005_000_000,
+                slices: 1_001,
+            },
+            0,
+        ));
+        assert_eq!(p.check(t + CHECK_EVERY, blip), Check::Same);
+        assert!(!p.contended(t + CHECK_EVERY), "a blip stopped polling");
     }
 
     #[test]
