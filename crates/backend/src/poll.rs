@@ -546,13 +546,7 @@ mod tests {
 
     #[test]
     fn a_poll_cut_short_during_a_back_off_does_not_hide_the_first_gap_after_it() {
-        let t0 = Instant::now();
-        let mut p = AutoPoll::new(t0);
-        let mut sched = (0, 0);
-        waited(&mut p, t0, &mut sched, 0);
-        waited(&mut p, t0 + CHECK_EVERY, &mut sched, 5);
-        let t = t0 + 2 * CHECK_EVERY;
-        assert_eq!(waited(&mut p, t, &mut sched, 5), Check::Contended);
+        let (mut p, t, mut sched) = contended();
         p.record_exit(PollExit::Yield);
         feed(&mut p, t, [150]);
         // The first gap after the back-off, slept through without a poll of its own.
@@ -570,41 +564,21 @@ mod tests {
         let t0 = Instant::now();
         let mut p = AutoPoll::new(t0);
         // A thread that has waited 3 s over its life, sampled every 10 ms.
-        let life = Some((
-            Sched {
-                ran_ns: 0,
-                waited_ns: 3_000_000_000,
-                slices: 1_000,
-            },
-            0,
-        ));
+        let life = at(3_000_000_000, 1_000);
         assert_eq!(p.check(t0, life), Check::Same);
         assert_eq!(p.check(t0 + CHECK_EVERY, None), Check::Same);
         // A clean interval, then one with a short task's wait (5 ms in one slice): a blip,
         // not the second strike of contention.
         let t = t0 + 2 * CHECK_EVERY;
         assert_eq!(p.check(t, life), Check::Same);
-        let blip = Some((
-            Sched {
-                ran_ns: 0,
-                waited_ns: 3_005_000_000,
-                slices: 1_001,
-            },
-            0,
-        ));
+        let blip = at(3_005_000_000, 1_001);
         assert_eq!(p.check(t + CHECK_EVERY, blip), Check::Same);
         assert!(!p.contended(t + CHECK_EVERY), "a blip stopped polling");
     }
 
     #[test]
     fn gaps_while_contention_keeps_it_from_polling_do_not_move_the_budget() {
-        let t0 = Instant::now();
-        let mut p = AutoPoll::new(t0);
-        let mut sched = (0, 0);
-        waited(&mut p, t0, &mut sched, 0);
-        waited(&mut p, t0 + CHECK_EVERY, &mut sched, 5);
-        let t = t0 + 2 * CHECK_EVERY;
-        assert_eq!(waited(&mut p, t, &mut sched, 5), Check::Contended);
+        let (mut p, t, mut sched) = contended();
         feed(&mut p, t, [100_000; 10]);
         assert_eq!(p.budget(t + BACKOFF_MIN), 50, "as before the back-off");
     }
@@ -614,6 +588,19 @@ mod tests {
         total.0 += wait_ms * 1_000_000;
         total.1 += 1;
         p.check(t, at(total.0, total.1))
+    }
+
+    /// A policy two scheduling checks into contention (5 ms waits in two intervals in a row),
+    /// when it backs off; its clock and sched sample.
+    fn contended() -> (AutoPoll, Instant, (u64, u64)) {
+        let t0 = Instant::now();
+        let mut p = AutoPoll::new(t0);
+        let mut sched = (0, 0);
+        waited(&mut p, t0, &mut sched, 0);
+        waited(&mut p, t0 + CHECK_EVERY, &mut sched, 5);
+        let t = t0 + 2 * CHECK_EVERY;
+        assert_eq!(waited(&mut p, t, &mut sched, 5), Check::Contended);
+        (p, t, sched)
     }
 
     /// A sched sample of `waited_ns` in `slices`, no sibling.
@@ -717,13 +704,7 @@ mod tests {
 
     #[test]
     fn a_back_off_followed_by_no_polling_ends_and_a_later_blip_is_only_a_blip() {
-        let t0 = Instant::now();
-        let mut p = AutoPoll::new(t0);
-        let mut sched = (0, 0);
-        waited(&mut p, t0, &mut sched, 0);
-        waited(&mut p, t0 + CHECK_EVERY, &mut sched, 5);
-        let mut t = t0 + 2 * CHECK_EVERY;
-        assert_eq!(waited(&mut p, t, &mut sched, 5), Check::Contended);
+        let (mut p, mut t, mut sched) = contended();
         // The back-off ends and the queue goes quiet: long gaps take the budget to 0.
         t += BACKOFF_MIN;
         feed(&mut p, t, [1000; 3]);

@@ -283,6 +283,15 @@ impl Connection {
         self.dirty_log().is_some()
     }
 
+    /// Whether the memory has the region `key` (guest address, size, user address), the key
+    /// by which ADD_MEM_REG and REM_MEM_REG name one.
+    fn maps_region(&self, key: (u64, u64, u64)) -> bool {
+        self.mem.as_ref().is_some_and(|m| {
+            m.regions()
+                .any(|r| (r.guest_addr.0, r.size, r.user_addr) == key)
+        })
+    }
+
     /// Stops every queue: the frontend went away or reset the device.
     pub fn stop_all(&mut self) {
         for i in 0..self.vrings.len() {
@@ -647,11 +656,7 @@ impl VhostUserBackendReqHandlerMut for Connection {
         // Copies: the message struct is packed.
         let (guest, size, user) = (region.guest_phys_addr, region.memory_size, region.user_addr);
         let key = (guest, size, user);
-        let mapped = |m: &GuestMemory| {
-            m.regions()
-                .any(|r| (r.guest_addr.0, r.size, r.user_addr) == key)
-        };
-        if self.mem.as_deref().is_some_and(mapped) {
+        if self.maps_region(key) {
             // The same region from another queue pair's table: mapped already.
             return Ok(None);
         }
@@ -680,11 +685,7 @@ impl VhostUserBackendReqHandlerMut for Connection {
     fn remove_mem_region(&mut self, region: &VhostUserSingleMemoryRegion) -> VuResult<()> {
         let (guest, size, user) = (region.guest_phys_addr, region.memory_size, region.user_addr);
         let key = (guest, size, user);
-        let mapped = self.mem.as_ref().is_some_and(|m| {
-            m.regions()
-                .any(|r| (r.guest_addr.0, r.size, r.user_addr) == key)
-        });
-        if !mapped && self.removed.contains(&key) {
+        if !self.maps_region(key) && self.removed.contains(&key) {
             // Another queue pair's table removing it too: gone already.
             return Ok(());
         }

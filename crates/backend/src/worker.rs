@@ -882,10 +882,6 @@ mod tests {
         std::thread::sleep(Duration::from_millis(300));
         let spun = testkit::inproc::thread_cpu_ticks(name) - ticks;
         let c = counters.snapshot();
-        eprintln!(
-            "ticks in 300 ms: {spun}; packets {} dropped {}",
-            c.packets, c.dropped
-        );
         assert!(
             spun <= 3,
             "the worker spun on a host fd in error ({spun} ticks)"

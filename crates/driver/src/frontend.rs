@@ -186,9 +186,7 @@ impl Watchdog {
 
 impl Drop for Watchdog {
     fn drop(&mut self) {
-        let (m, cv) = &*self.state;
-        m.lock().unwrap_or_else(|e| e.into_inner()).0 = true;
-        cv.notify_one();
+        self.finish();
     }
 }
 

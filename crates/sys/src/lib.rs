@@ -247,17 +247,15 @@ pub fn error_persists(fd: RawFd) -> bool {
             &mut len,
         )
     };
-    let mut p = libc::pollfd {
-        fd,
-        events: 0,
-        revents: 0,
-    };
-    // SAFETY: `p` is a valid pollfd for the duration of the call; nfds = 1.
-    let r = unsafe { libc::poll(&mut p, 1, 0) };
-    r > 0 && p.revents & (libc::POLLERR | libc::POLLHUP) != 0
+    revents_now(fd, 0) & (libc::POLLERR | libc::POLLHUP) != 0
 }
 
 fn ready_now(fd: RawFd, events: libc::c_short) -> bool {
+    revents_now(fd, events) & events != 0
+}
+
+/// What `fd` reports now (poll with a zero timeout) of `events`, and errors and hang-ups.
+fn revents_now(fd: RawFd, events: libc::c_short) -> libc::c_short {
     let mut p = libc::pollfd {
         fd,
         events,
@@ -265,7 +263,11 @@ fn ready_now(fd: RawFd, events: libc::c_short) -> bool {
     };
     // SAFETY: `p` is a valid pollfd for the duration of the call; nfds = 1.
     let r = unsafe { libc::poll(&mut p, 1, 0) };
-    r > 0 && p.revents & events != 0
+    if r > 0 {
+        p.revents
+    } else {
+        0
+    }
 }
 
 /// Waits up to `timeout_ms` (negative: forever) for `fd` to become readable.
