@@ -546,7 +546,7 @@ mod tests {
 
     #[test]
     fn a_poll_cut_short_during_a_back_off_does_not_hide_the_first_gap_after_it() {
-        let (mut p, t, mut sched) = contended();
+        let (mut p, t, _) = contended();
         p.record_exit(PollExit::Yield);
         feed(&mut p, t, [150]);
         // The first gap after the back-off, slept through without a poll of its own.
@@ -578,7 +578,7 @@ mod tests {
 
     #[test]
     fn gaps_while_contention_keeps_it_from_polling_do_not_move_the_budget() {
-        let (mut p, t, mut sched) = contended();
+        let (mut p, t, _) = contended();
         feed(&mut p, t, [100_000; 10]);
         assert_eq!(p.budget(t + BACKOFF_MIN), 50, "as before the back-off");
     }
