@@ -690,7 +690,9 @@ mod tests {
             sent: &mut Vec<Sent>,
         ) -> Result<(), RingError> {
             match self.batch.as_mut() {
-                Some(b) => b.send(mem, chains, sent, |_| Ok(Ok(()))),
+                Some(b) => b.send(mem, chains, sent, |c| {
+                    Ok(Ok((Default::default(), vring::Tail::new(c.readable()))))
+                }),
                 None => crate::host::send_each(self, mem, chains, rx, shared, sent),
             }
         }

@@ -145,7 +145,7 @@ impl Rig {
             len: (HDR_LEN + frame.len()) as u32,
         };
         self.input
-            .write_frame(&self.mem, &[seg])
+            .write_frame(&self.mem, vring::Gather::from(&[seg][..]))
             .expect("segment inside memory")
     }
 

@@ -2,8 +2,8 @@
 //! (IFF_VNET_HDR) and one file descriptor per queue pair (IFF_MULTI_QUEUE).
 //!
 //! ioctls on /dev/net/tun, and frame I/O. Transmit is zero copy: [`TapQueue::write_frame`] hands
-//! the chain's segments to vring's `GuestMemory::writev_to`, which checks them and writes them
-//! with one writev. So is receive, when the guest has posted buffers for the largest frame:
+//! the checked header copy and the chain's segments after it to vring's
+//! `GuestMemory::writev_gather`, which checks them and writes them with one writev. So is receive, when the guest has posted buffers for the largest frame:
 //! [`TapQueue::read_frame`] reads with one readv straight into them; [`TapQueue::read`] reads
 //! into a buffer of ours, for the frames that must wait for more buffers.
 
@@ -12,7 +12,7 @@ use std::io;
 use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::os::unix::fs::OpenOptionsExt;
 
-use vring::{GuestMemory, Segment};
+use vring::{Gather, GuestMemory, Segment};
 
 use super::{ioctl_ptr, ioctl_val};
 
@@ -168,15 +168,15 @@ impl TapQueue {
         unsafe { ioctl_ptr(self.file.as_raw_fd(), libc::TUNSETSNDBUF, &mut v) }
     }
 
-    /// Writes one frame (virtio-net header first) gathered from `segs` of `mem`. Returns the
-    /// bytes written; the inner error is the TAP's (WouldBlock when its queue is full), the
-    /// outer one the guest's (see `GuestMemory::writev_to`).
+    /// Writes one frame, `frame`'s head (the virtio-net header, a checked copy) and then its
+    /// body of `mem`. Returns the bytes written; the inner error is the TAP's (WouldBlock when
+    /// its queue is full), the outer one the guest's (see `GuestMemory::writev_gather`).
     pub fn write_frame(
         &self,
         mem: &GuestMemory,
-        segs: &[Segment],
+        frame: Gather<'_>,
     ) -> Result<io::Result<usize>, vring::Error> {
-        mem.writev_to(self.file.as_fd(), segs)
+        mem.writev_gather(self.file.as_fd(), frame)
     }
 
     /// Reads one frame (virtio-net header first) scattered over `segs` of `mem`, then `tail`

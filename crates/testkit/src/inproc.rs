@@ -25,6 +25,8 @@ use vring::Features;
 pub struct Backend {
     pub device: Arc<Device>,
     pub socket: PathBuf,
+    /// The TAP its frames go to, for a TAP backend: (network namespace, TAP name).
+    pub tap: Option<(String, String)>,
     /// Tells the accept loop to return at its next accept.
     stop: Arc<AtomicBool>,
     serve: Option<JoinHandle<io::Result<()>>>,
@@ -96,6 +98,7 @@ pub fn start_backend(tag: &str, config: BackendConfig) -> Backend {
     Backend {
         device,
         socket,
+        tap: None,
         stop,
         serve: Some(serve),
         _dir: dir,
@@ -103,16 +106,56 @@ pub fn start_backend(tag: &str, config: BackendConfig) -> Backend {
 }
 
 /// A backend on the TAP `tap` of `ns` (its threads in the namespace), the rest as default.
+/// Returns once the TAP passes frames: see [`wait_tap_up`].
 pub fn tap_backend(ns: &crate::netns::NetNs, tag: &str, tap: &str) -> Backend {
-    ns.run(|| {
-        start_backend(
-            tag,
-            BackendConfig {
-                io: IoMode::Tap(tap.to_string()),
-                ..Default::default()
-            },
-        )
-    })
+    tap_backend_with(ns, tag, tap, BackendConfig::default())
+}
+
+/// Like [`tap_backend`], with `config` but for its `io`.
+pub fn tap_backend_with(
+    ns: &crate::netns::NetNs,
+    tag: &str,
+    tap: &str,
+    config: BackendConfig,
+) -> Backend {
+    let config = BackendConfig {
+        io: IoMode::Tap(tap.to_string()),
+        ..config
+    };
+    let mut b = ns.run(|| start_backend(tag, config));
+    wait_tap_up(ns, tap);
+    b.tap = Some((ns.name().to_string(), tap.to_string()));
+    b
+}
+
+/// Frames `tap` of network namespace `ns` received: what a backend wrote into it.
+pub fn tap_rx_packets(ns: &str, tap: &str) -> u64 {
+    let path = format!("/sys/class/net/{tap}/statistics/rx_packets");
+    let out = std::process::Command::new("ip")
+        .args(["netns", "exec", ns, "cat", &path])
+        .output()
+        .expect("ip netns exec");
+    String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("{path} in {ns}: {out:?}"))
+}
+
+/// Waits (up to 5 s) until `tap`'s operational state in `ns` is up. A persistent TAP has no
+/// carrier until a process attaches a queue (the backend, when it starts); the kernel then
+/// turns its carrier on and, from its link-watch work, activates its queueing discipline,
+/// which it rate-limits to once a second: until then the stack drops what it sends through
+/// the TAP (QDISC_DROP). The operational state is set by the same work.
+pub fn wait_tap_up(ns: &crate::netns::NetNs, tap: &str) {
+    let state = format!("/sys/class/net/{tap}/operstate");
+    let up = crate::eventually(Duration::from_secs(5), || {
+        ns.exec(&["cat", &state]).is_ok_and(|s| s.trim() == "up")
+    });
+    assert!(
+        up,
+        "TAP {tap} did not come up: {:?}",
+        ns.exec(&["cat", &state])
+    );
 }
 
 /// A backend with one pair that echoes every frame back.

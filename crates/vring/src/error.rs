@@ -101,6 +101,10 @@ pub enum Error {
     /// A legal chain, but one vectored I/O call takes fewer segments (`memory::MAX_IOVECS`).
     #[error("{count} segments are more than one vectored I/O call takes ({max})")]
     TooManySegments { count: usize, max: usize },
+    /// A read past the end of a chain (`cursor::Reader`): callers check a chain's length
+    /// before they read a header from it.
+    #[error("{wanted} bytes wanted from a chain with {left} left")]
+    ShortChain { wanted: u64, left: u64 },
 }
 
 /// Whose fault an [`Error`] is.
@@ -146,7 +150,9 @@ impl Error {
             | InvalidMemory { .. }
             | Mmap { .. }
             | UnofferedFeatures { .. } => ErrorKind::Config,
-            QueueFull { .. } | EmptyChain | TooManySegments { .. } => ErrorKind::Usage,
+            QueueFull { .. } | EmptyChain | TooManySegments { .. } | ShortChain { .. } => {
+                ErrorKind::Usage
+            }
         }
     }
 }

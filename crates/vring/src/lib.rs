@@ -9,6 +9,8 @@
 //! - [`DeviceQueue`]: pop validated [`Chain`]s, batched used publish, notification decisions.
 //! - [`DriverQueue`]: add chains (direct or indirect), kick decisions, reclaim, callbacks.
 //! - [`PollPace`]: how soon a device that keeps finding a little work looks again.
+//! - [`cursor`]: a chain's bytes as one stream: [`Reader`] copies them out once each,
+//!   [`Tail`] is what is left, [`Gather`] a checked copy followed by a tail, to write.
 //!
 //! The crate starts no threads and opens no files: kicks and calls are the caller's business.
 //! Mapping a peer's files ([`GuestMemory::from_sources`]) installs a SIGBUS handler, once, so
@@ -20,6 +22,7 @@
 
 pub mod chain;
 pub mod config;
+pub mod cursor;
 pub mod device;
 pub mod driver;
 pub mod error;
@@ -36,6 +39,7 @@ mod testutil;
 
 pub use chain::{Chain, Segment, MAX_CHAIN_SEGMENTS};
 pub use config::QueueConfig;
+pub use cursor::{Gather, Reader, Tail};
 pub use device::{DeviceQueue, DeviceStats, DEFAULT_USED_BATCH};
 pub use driver::{Buf, DriverQueue, DriverStats, IndirectArea};
 pub use error::{Error, ErrorKind};

@@ -1,16 +1,17 @@
 //! Guest tx frames written in bursts: one `io_uring_enter` for up to 64 frames, each its own
-//! writev straight from guest memory (`vring::UringWriter`), and the outcome of each frame
-//! as the worker needs it ([`Sent`]), in order.
+//! writev of its checked header copy and the frame after it straight from guest memory
+//! (`vring::UringWriter`), and the outcome of each frame as the worker needs it ([`Sent`]), in
+//! order.
 //!
 //! Ports whose fd takes one frame per write (a TAP) use it for [`super::Host::send_batch`].
 
 use std::io;
 use std::os::fd::BorrowedFd;
 
-use vnet::TxHdrError;
-use vring::memory::FrameResult;
-use vring::{Chain, Error as RingError, GuestMemory, UringWriter};
+use vring::memory::{FrameResult, MAX_URING_BATCH};
+use vring::{Chain, Error as RingError, Gather, GuestMemory, Tail, UringWriter};
 
+use super::tap::{Checked, TxHead};
 use super::{tx_outcome, Sent};
 
 /// Batched writes to one fd, and the scratch space of a batch.
@@ -29,8 +30,8 @@ impl BatchWriter {
     pub fn new(fd: BorrowedFd<'_>, pushback: bool) -> io::Result<BatchWriter> {
         Ok(BatchWriter {
             uring: UringWriter::new(fd, pushback)?,
-            written: Vec::with_capacity(vring::memory::MAX_URING_BATCH),
-            results: Vec::with_capacity(vring::memory::MAX_URING_BATCH),
+            written: Vec::with_capacity(MAX_URING_BATCH),
+            results: Vec::with_capacity(MAX_URING_BATCH),
         })
     }
 
@@ -41,21 +42,27 @@ impl BatchWriter {
 
     /// Writes the frames of `chains` that `check` passes, in order, and pushes what became of
     /// each chain into `sent`, as [`super::Host::send_batch`] does (a frame `check` refuses
-    /// is not written, and its outcome keeps its place). `check`'s outer error is a ring error
-    /// about that chain; the batch ends before it.
-    pub fn send(
+    /// is not written, and its outcome keeps its place). What is written of a frame is the
+    /// header copy `check` checked, then the frame after it. `check`'s outer error is a ring
+    /// error about that chain; the batch ends before it.
+    pub fn send<'c>(
         &mut self,
         mem: &GuestMemory,
-        chains: &[Chain],
+        chains: &'c [Chain],
         sent: &mut Vec<Sent>,
-        mut check: impl FnMut(&Chain) -> Result<Result<(), TxHdrError>, RingError>,
+        mut check: impl FnMut(&'c Chain) -> Result<Checked<'c>, RingError>,
     ) -> Result<(), RingError> {
         let first = sent.len();
         let mut error = None;
         self.written.clear();
-        for (i, c) in chains.iter().enumerate() {
+        // Each written frame's header copy and body, by its place in `written`.
+        let mut heads = [TxHead::default(); MAX_URING_BATCH];
+        let mut bodies = [Tail::default(); MAX_URING_BATCH];
+        for (i, c) in chains.iter().enumerate().take(MAX_URING_BATCH) {
             match check(c) {
-                Ok(Ok(())) => {
+                Ok(Ok((head, body))) => {
+                    heads[self.written.len()] = head;
+                    bodies[self.written.len()] = body;
                     self.written.push(i);
                     sent.push(Sent::Taken);
                 }
@@ -67,7 +74,7 @@ impl BatchWriter {
             }
         }
         self.results.clear();
-        let frames = self.written.iter().map(|&i| chains[i].readable());
+        let frames = (0..self.written.len()).map(|k| Gather::new(heads[k].as_bytes(), bodies[k]));
         if let Err(e) = mem.writev_batch(&mut self.uring, frames, &mut self.results) {
             // `results` still says what became of the frames it wrote.
             tracing::warn!(error = %e, "io_uring failed");

@@ -25,7 +25,8 @@ use std::os::fd::{AsRawFd, BorrowedFd};
 use io_uring::{opcode, squeue, types, IoUring, Probe};
 
 use super::GuestMemory;
-use crate::{Error, Segment};
+use crate::cursor::Gather;
+use crate::Error;
 
 /// Frames one batch takes at most: the ring's size.
 pub const MAX_BATCH: usize = 64;
@@ -110,8 +111,9 @@ impl UringWriter {
 }
 
 impl GuestMemory {
-    /// Writes each frame of `frames` (segments of this memory, header first) to the writer's
-    /// file, one `writev` each, in order, with one `io_uring_enter` for the batch (at most
+    /// Writes each frame of `frames` (a head of this process's bytes, a checked header copied
+    /// out of guest memory say, then segments of this memory) to the writer's file, one
+    /// `writev` each, in order, with one `io_uring_enter` for the batch (at most
     /// [`MAX_BATCH`] frames; more are not tried). Pushes what became of each frame tried into
     /// `out`, in order:
     /// - `Ok(Ok(n))`: written, `n` bytes;
@@ -128,7 +130,7 @@ impl GuestMemory {
     pub fn writev_batch<'a>(
         &self,
         w: &mut UringWriter,
-        frames: impl IntoIterator<Item = &'a [Segment]>,
+        frames: impl IntoIterator<Item = Gather<'a>>,
         out: &mut Vec<FrameResult>,
     ) -> io::Result<()> {
         if w.dead {
@@ -138,11 +140,11 @@ impl GuestMemory {
         w.iov.clear();
         w.frames.clear();
         w.refused.clear();
-        for segs in frames.into_iter().take(MAX_BATCH) {
+        for frame in frames.into_iter().take(MAX_BATCH) {
             let start = w.iov.len();
-            match self.push_iovecs(segs, &mut w.iov) {
+            match self.push_iovecs(frame, &mut w.iov) {
                 Ok(()) => {
-                    w.frames.push((start, segs.len()));
+                    w.frames.push((start, w.iov.len() - start));
                     w.refused.push(None);
                 }
                 Err(e) => {
@@ -178,15 +180,22 @@ impl GuestMemory {
         result
     }
 
-    /// Appends the iovecs of `segs` to `iov`, checking each segment.
-    fn push_iovecs(&self, segs: &[Segment], iov: &mut Vec<libc::iovec>) -> Result<(), Error> {
-        if segs.len() > super::MAX_IOVECS {
+    /// Appends the iovecs of `frame` to `iov`, checking each guest segment.
+    fn push_iovecs(&self, frame: Gather<'_>, iov: &mut Vec<libc::iovec>) -> Result<(), Error> {
+        let count = frame.iovec_count();
+        if count > super::MAX_IOVECS {
             return Err(Error::TooManySegments {
-                count: segs.len(),
+                count,
                 max: super::MAX_IOVECS,
             });
         }
-        for s in segs {
+        if !frame.head.is_empty() {
+            iov.push(libc::iovec {
+                iov_base: frame.head.as_ptr().cast_mut().cast(),
+                iov_len: frame.head.len(),
+            });
+        }
+        for s in frame.body.iter() {
             let span = self.host_span(s.addr, s.len as usize)?;
             iov.push(libc::iovec {
                 iov_base: span.ptr.cast(),
@@ -221,9 +230,10 @@ fn submit(w: &mut UringWriter) -> io::Result<()> {
                 .flags(flags)
                 .user_data(k as u64);
             // SAFETY: the iovecs at `w.iov[start..start + len]` were checked to lie inside
-            // mappings of the memory borrowed by our caller, `writev_batch`, which does not
-            // return before every write submitted here has completed (below) or the ring is
-            // dead; `w.iov` is not touched until then. The queue has room: it holds MAX_BATCH
+            // mappings of the memory borrowed by our caller, `writev_batch`, or are the head
+            // of a frame it was lent for the whole call; it does not return before every
+            // write submitted here has completed (below) or the ring is dead; `w.iov` is not
+            // touched until then. The queue has room: it holds MAX_BATCH
             // entries, is empty between batches, and a batch has at most MAX_BATCH frames.
             if unsafe { sq.push(&e) }.is_err() {
                 unreachable!("a batch never exceeds the submission queue");
@@ -291,7 +301,7 @@ mod tests {
     use std::os::fd::AsFd;
 
     use super::*;
-    use crate::GuestAddress;
+    use crate::{GuestAddress, Segment};
 
     fn seg(addr: u64, len: u32) -> Segment {
         Segment {
@@ -338,8 +348,12 @@ mod tests {
             vec![seg(0x3000, 1000)],
         ];
         let mut out = Vec::new();
-        mem.writev_batch(&mut w, frames.iter().map(|f| &f[..]), &mut out)
-            .unwrap();
+        mem.writev_batch(
+            &mut w,
+            frames.iter().map(|f| Gather::from(&f[..])),
+            &mut out,
+        )
+        .unwrap();
         let lens: Vec<usize> = out.into_iter().map(|r| r.unwrap().unwrap()).collect();
         assert_eq!(lens, [10, 8, 1000]);
         let mut want = Vec::new();
@@ -354,6 +368,25 @@ mod tests {
     }
 
     #[test]
+    fn each_frame_of_a_batch_is_its_head_then_its_guest_bytes() {
+        let mem = memory();
+        mem.write(GuestAddress(0x1000), b"0123456789").unwrap();
+        let (mut rd, wr) = pipe(1 << 20);
+        let mut w = UringWriter::new(wr.as_fd(), false).unwrap();
+        let segs = [seg(0x1000, 10)];
+        let frames = [
+            Gather::new(b"AB", crate::Tail::after(&segs, 4).unwrap()),
+            Gather::new(b"", crate::Tail::after(&segs, 8).unwrap()),
+            Gather::new(b"CDE", crate::Tail::after(&segs, 10).unwrap()),
+        ];
+        let mut out = Vec::new();
+        mem.writev_batch(&mut w, frames, &mut out).unwrap();
+        let lens: Vec<usize> = out.into_iter().map(|r| r.unwrap().unwrap()).collect();
+        assert_eq!(lens, [8, 2, 3]);
+        assert_eq!(read_all(&mut rd, 13), b"AB45678989CDE");
+    }
+
+    #[test]
     fn a_full_file_stops_the_batch_and_the_frames_after_are_not_tried() {
         let mem = memory();
         let (mut rd, wr) = pipe(4096);
@@ -361,8 +394,12 @@ mod tests {
         let frames: Vec<Vec<Segment>> =
             (0..6).map(|i| vec![seg(0x1000 + i * 2000, 2000)]).collect();
         let mut out = Vec::new();
-        mem.writev_batch(&mut w, frames.iter().map(|f| &f[..]), &mut out)
-            .unwrap();
+        mem.writev_batch(
+            &mut w,
+            frames.iter().map(|f| Gather::from(&f[..])),
+            &mut out,
+        )
+        .unwrap();
         // The frames that fit the pipe's 4096 bytes go; the next finds it full, and the rest
         // are not tried.
         let written = out.iter().take_while(|r| matches!(r, Ok(Ok(2000)))).count();
@@ -375,7 +412,10 @@ mod tests {
         let mut out = Vec::new();
         mem.writev_batch(
             &mut w,
-            frames[written..].iter().map(|f| &f[..]).take(1),
+            frames[written..]
+                .iter()
+                .map(|f| Gather::from(&f[..]))
+                .take(1),
             &mut out,
         )
         .unwrap();
@@ -393,8 +433,12 @@ mod tests {
         let frames: Vec<Vec<Segment>> =
             (0..6).map(|i| vec![seg(0x1000 + i * 2000, 2000)]).collect();
         let mut out = Vec::new();
-        mem.writev_batch(&mut w, frames.iter().map(|f| &f[..]), &mut out)
-            .unwrap();
+        mem.writev_batch(
+            &mut w,
+            frames.iter().map(|f| Gather::from(&f[..])),
+            &mut out,
+        )
+        .unwrap();
         // Every frame has an outcome: those that fit, then the pipe full for the others.
         assert_eq!(out.len(), 6, "{out:?}");
         let written = out.iter().take_while(|r| matches!(r, Ok(Ok(2000)))).count();
@@ -424,8 +468,12 @@ mod tests {
             vec![seg(0x1008, 4)],
         ];
         let mut out = Vec::new();
-        mem.writev_batch(&mut w, frames.iter().map(|f| &f[..]), &mut out)
-            .unwrap();
+        mem.writev_batch(
+            &mut w,
+            frames.iter().map(|f| Gather::from(&f[..])),
+            &mut out,
+        )
+        .unwrap();
         assert_eq!(out.len(), 4, "{out:?}");
         assert!(matches!(out[0], Ok(Ok(4))));
         assert!(matches!(out[1], Err(Error::TooManySegments { .. })));

@@ -5,6 +5,7 @@ use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd};
 
 use super::GuestMemory;
+use crate::cursor::Gather;
 use crate::{Error, Segment};
 
 /// The most segments one [`GuestMemory::writev_to`] or [`GuestMemory::readv_from`] takes: their
@@ -24,13 +25,25 @@ impl GuestMemory {
         fd: BorrowedFd<'_>,
         segs: &[Segment],
     ) -> Result<io::Result<usize>, Error> {
+        self.writev_gather(fd, Gather::from(segs))
+    }
+
+    /// Writes `frame` to `fd` with one `writev`: its head (bytes of this process: a header
+    /// copied out of guest memory and checked, say, so that the host gets the bytes that were
+    /// checked), then its body straight from guest memory. Errors as in
+    /// [`GuestMemory::writev_to`]; the head counts as one segment.
+    pub fn writev_gather(
+        &self,
+        fd: BorrowedFd<'_>,
+        frame: Gather<'_>,
+    ) -> Result<io::Result<usize>, Error> {
         let mut iov = [EMPTY_IOVEC; MAX_IOVECS];
-        let n = self.iovecs(segs, &mut iov)?;
+        let n = self.iovecs(frame, &mut iov)?;
         Ok(retry_interrupted(|| {
-            // SAFETY: `iovecs` checked that each of the `n` iovecs lies inside a mapping of
-            // `self`, which the borrow keeps alive for the call; writev only reads them. The peer
-            // may change those bytes meanwhile: the host then gets whatever was there, as with
-            // a copy.
+            // SAFETY: `iovecs` checked that each guest iovec lies inside a mapping of `self`,
+            // which the borrow keeps alive for the call, and the head's is `frame.head`,
+            // borrowed for the call; writev only reads them. The peer may change guest bytes
+            // meanwhile: the host then gets whatever was there, as with a copy.
             unsafe { libc::writev(fd.as_raw_fd(), iov.as_ptr(), n as libc::c_int) }
         }))
     }
@@ -59,7 +72,7 @@ impl GuestMemory {
         tail: &mut [u8],
     ) -> Result<io::Result<usize>, Error> {
         let mut iov = [EMPTY_IOVEC; MAX_IOVECS];
-        let mut n = self.iovecs(segs, &mut iov)?;
+        let mut n = self.iovecs(Gather::from(segs), &mut iov)?;
         if !tail.is_empty() {
             if n == MAX_IOVECS {
                 return Err(Error::TooManySegments {
@@ -85,26 +98,36 @@ impl GuestMemory {
         }))
     }
 
-    /// Translates `segs` into `iov`, checking each one; returns how many it filled.
+    /// Translates `frame` into `iov`, checking each guest segment; returns how many it filled.
     fn iovecs(
         &self,
-        segs: &[Segment],
+        frame: Gather<'_>,
         iov: &mut [libc::iovec; MAX_IOVECS],
     ) -> Result<usize, Error> {
-        if segs.len() > MAX_IOVECS {
+        let count = frame.iovec_count();
+        if count > MAX_IOVECS {
             return Err(Error::TooManySegments {
-                count: segs.len(),
+                count,
                 max: MAX_IOVECS,
             });
         }
-        for (slot, s) in iov.iter_mut().zip(segs) {
+        let mut n = 0;
+        if !frame.head.is_empty() {
+            iov[0] = libc::iovec {
+                iov_base: frame.head.as_ptr().cast_mut().cast(),
+                iov_len: frame.head.len(),
+            };
+            n = 1;
+        }
+        for s in frame.body.iter() {
             let span = self.host_span(s.addr, s.len as usize)?;
-            *slot = libc::iovec {
+            iov[n] = libc::iovec {
                 iov_base: span.ptr.cast(),
                 iov_len: span.len,
             };
+            n += 1;
         }
-        Ok(segs.len())
+        Ok(n)
     }
 }
 
@@ -125,5 +148,71 @@ fn retry_interrupted(mut call: impl FnMut() -> libc::ssize_t) -> io::Result<usiz
         if e.kind() != io::ErrorKind::Interrupted {
             return Err(e);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Read;
+    use std::os::fd::AsFd;
+
+    use crate::cursor::{Reader, Tail};
+    use crate::{GuestAddress, GuestMemory};
+
+    use super::*;
+
+    fn seg(addr: u64, len: u32) -> Segment {
+        Segment {
+            addr: GuestAddress(addr),
+            len,
+        }
+    }
+
+    #[test]
+    fn a_gather_writes_its_head_then_the_guest_bytes_after_what_was_read() {
+        let mem = GuestMemory::anonymous(&[(GuestAddress(0), 0x10000)]).unwrap();
+        mem.write(GuestAddress(0x1000), b"HDRxx").unwrap();
+        mem.write(GuestAddress(0x2000), b"abcdef").unwrap();
+        let segs = [seg(0x1000, 5), seg(0x2000, 6)];
+        // Read a 7-byte "header" out of the chain, then change it in guest memory: the write
+        // sends the copy, not the guest's bytes now.
+        let mut r = Reader::new(&mem, &segs);
+        let mut hdr = [0u8; 7];
+        r.read_exact(&mut hdr).unwrap();
+        assert_eq!(&hdr, b"HDRxxab");
+        mem.write(GuestAddress(0x1000), b"EVIL!").unwrap();
+        mem.write(GuestAddress(0x2000), b"ZZ").unwrap();
+        let (mut rx, tx) = std::io::pipe().unwrap();
+        let n = mem
+            .writev_gather(tx.as_fd(), Gather::new(&hdr, r.tail()))
+            .unwrap()
+            .unwrap();
+        assert_eq!(n, 11);
+        drop(tx);
+        let mut got = Vec::new();
+        rx.read_to_end(&mut got).unwrap();
+        assert_eq!(got, b"HDRxxabcdef");
+    }
+
+    #[test]
+    fn the_head_counts_as_one_of_the_iovecs_a_call_takes() {
+        let mem = GuestMemory::anonymous(&[(GuestAddress(0), 0x10000)]).unwrap();
+        let segs = vec![seg(0x1100, 1); MAX_IOVECS];
+        let (_rx, tx) = std::io::pipe().unwrap();
+        let e = mem
+            .writev_gather(tx.as_fd(), Gather::new(b"h", Tail::new(&segs)))
+            .unwrap_err();
+        assert_eq!(
+            e,
+            Error::TooManySegments {
+                count: MAX_IOVECS + 1,
+                max: MAX_IOVECS
+            }
+        );
+        let n = mem
+            .writev_gather(tx.as_fd(), Gather::new(b"h", Tail::new(&segs[1..])))
+            .unwrap()
+            .unwrap();
+        assert_eq!(n, MAX_IOVECS);
     }
 }
