@@ -617,9 +617,18 @@ impl Connection {
         // features were (vhost-user spec, "Ring states").
         let protocol_bit = Features(VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits());
         if self.features.contains(protocol_bit) {
-            self.frontend
-                .set_vring_enable(index, true)
-                .map_err(req("SET_VRING_ENABLE"))?;
+            // With REPLY_ACK, wait for the backend to have enabled it: a frame sent right after
+            // this returns then finds the ring serving (a TAP backend attaches the pair's TAP
+            // queue as its rx ring is enabled, and the kernel drops what comes before).
+            let ack = self.protocol.contains(VhostUserProtocolFeatures::REPLY_ACK);
+            if ack {
+                self.frontend.set_hdr_flags(VhostUserHeaderFlag::NEED_REPLY);
+            }
+            let enabled = self.frontend.set_vring_enable(index, true);
+            if ack {
+                self.frontend.set_hdr_flags(VhostUserHeaderFlag::empty());
+            }
+            enabled.map_err(req("SET_VRING_ENABLE"))?;
         }
         Ok(())
     }
