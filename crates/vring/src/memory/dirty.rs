@@ -22,7 +22,8 @@ use std::sync::atomic::{fence, AtomicU64, AtomicU8, Ordering};
 use vm_memory::mmap::MmapRegion;
 use vm_memory::FileOffset;
 
-use super::{check_ram_file, fault, mmap_error};
+use super::fault;
+use super::region::{check_ram_file, mmap_error};
 use crate::{Error, GuestAddress, Segment};
 
 /// Bytes of guest memory per bit of the log (VHOST_LOG_PAGE).

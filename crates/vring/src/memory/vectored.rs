@@ -153,8 +153,9 @@ fn retry_interrupted(mut call: impl FnMut() -> libc::ssize_t) -> io::Result<usiz
 
 #[cfg(test)]
 mod tests {
-    use std::io::Read;
+    use std::io::{Read, Write};
     use std::os::fd::AsFd;
+    use std::os::unix::net::UnixStream;
 
     use crate::cursor::{Reader, Tail};
     use crate::{GuestAddress, GuestMemory};
@@ -214,5 +215,159 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(n, MAX_IOVECS);
+    }
+
+    /// Two regions with a gap, so that a chain can cross from one to the other.
+    fn two_regions() -> GuestMemory {
+        GuestMemory::anonymous(&[(GuestAddress(0x1000), 4096), (GuestAddress(0x10000), 4096)])
+            .unwrap()
+    }
+
+    fn nonblocking_pair() -> (UnixStream, UnixStream) {
+        let (a, b) = UnixStream::pair().unwrap();
+        a.set_nonblocking(true).unwrap();
+        b.set_nonblocking(true).unwrap();
+        (a, b)
+    }
+
+    #[test]
+    fn writev_to_gathers_segments_in_order() {
+        let mem = two_regions();
+        let segs = [
+            seg(0x1ff0, 16),
+            seg(0x1000, 0),
+            seg(0x10000, 5),
+            seg(0x1003, 7),
+        ];
+        mem.write(GuestAddress(0x1ff0), b"0123456789abcdef")
+            .unwrap();
+        mem.write(GuestAddress(0x10000), b"ghijk").unwrap();
+        mem.write(GuestAddress(0x1003), b"lmnopqr").unwrap();
+        let (mut rx, tx) = std::io::pipe().unwrap();
+        let n = mem.writev_to(tx.as_fd(), &segs).unwrap().unwrap();
+        assert_eq!(n, 28);
+        drop(tx);
+        let mut got = Vec::new();
+        rx.read_to_end(&mut got).unwrap();
+        assert_eq!(got, b"0123456789abcdefghijklmnopqr");
+    }
+
+    #[test]
+    fn readv_with_tail_puts_what_the_segments_cannot_hold_in_the_tail() {
+        let mem = two_regions();
+        let frame: Vec<u8> = (0..100u8).collect();
+        let (rx, mut tx) = std::io::pipe().unwrap();
+        tx.write_all(&frame).unwrap();
+        let segs = [seg(0x1100, 30), seg(0x10000, 40)];
+        let mut tail = [0u8; 64];
+        let n = mem.readv_with_tail(rx.as_fd(), &segs, &mut tail).unwrap();
+        assert_eq!(n.unwrap(), 100);
+        let mut back = [0u8; 40];
+        mem.read(GuestAddress(0x1100), &mut back[..30]).unwrap();
+        assert_eq!(back[..30], frame[..30]);
+        mem.read(GuestAddress(0x10000), &mut back).unwrap();
+        assert_eq!(back[..], frame[30..70]);
+        assert_eq!(tail[..30], frame[70..]);
+        // With the tail, one segment fewer fits.
+        let segs = vec![seg(0x1100, 1); MAX_IOVECS];
+        let e = mem
+            .readv_with_tail(rx.as_fd(), &segs, &mut tail)
+            .unwrap_err();
+        assert!(matches!(e, Error::TooManySegments { .. }), "{e:?}");
+    }
+
+    #[test]
+    fn readv_from_scatters_over_segments() {
+        let mem = two_regions();
+        let frame: Vec<u8> = (0..100u8).collect();
+        let (rx, mut tx) = std::io::pipe().unwrap();
+        tx.write_all(&frame).unwrap();
+        mem.write(GuestAddress(0x10000 + 60), &[0xee; 8]).unwrap();
+        // The last segment is longer than what is left: readv fills only its start.
+        let segs = [
+            seg(0x1ffa, 6),
+            seg(0x1000, 0),
+            seg(0x1100, 34),
+            seg(0x10000, 128),
+        ];
+        let n = mem.readv_from(rx.as_fd(), &segs).unwrap().unwrap();
+        assert_eq!(n, 100);
+        let mut back = [0u8; 64];
+        mem.read(GuestAddress(0x1ffa), &mut back[..6]).unwrap();
+        assert_eq!(back[..6], frame[..6]);
+        mem.read(GuestAddress(0x1100), &mut back[..34]).unwrap();
+        assert_eq!(back[..34], frame[6..40]);
+        mem.read(GuestAddress(0x10000), &mut back).unwrap();
+        assert_eq!(back[..60], frame[40..]);
+        assert_eq!(back[60..], [0xee; 4], "readv wrote past the bytes it read");
+    }
+
+    #[test]
+    fn a_segment_outside_memory_fails_before_any_io() {
+        let mem = two_regions();
+        let (a, mut b) = nonblocking_pair();
+        // The bad segment comes last: no partial write of the good ones before it.
+        let segs = [seg(0x1000, 16), seg(0x1ffc, 8)];
+        assert_eq!(
+            mem.writev_to(a.as_fd(), &segs).unwrap_err(),
+            Error::AddressOutOfRange {
+                addr: 0x1ffc,
+                len: 8
+            }
+        );
+        let mut buf = [0u8; 32];
+        assert_eq!(
+            b.read(&mut buf).unwrap_err().kind(),
+            io::ErrorKind::WouldBlock
+        );
+        b.write_all(b"frame").unwrap();
+        let segs = [seg(0x1000, 4), seg(0x5000, 4)];
+        assert_eq!(
+            mem.readv_from(a.as_fd(), &segs).unwrap_err(),
+            Error::AddressOutOfRange {
+                addr: 0x5000,
+                len: 4
+            }
+        );
+        assert_eq!((&a).read(&mut buf).unwrap(), 5, "the frame was consumed");
+        mem.read(GuestAddress(0x1000), &mut buf[..4]).unwrap();
+        assert_eq!(buf[..4], [0; 4]);
+    }
+
+    #[test]
+    fn more_segments_than_iovecs_are_refused_not_cut() {
+        let mem = two_regions();
+        let (a, mut b) = nonblocking_pair();
+        let segs: Vec<Segment> = (0..MAX_IOVECS as u64 + 1)
+            .map(|i| seg(0x1000 + i, 1))
+            .collect();
+        let want = Error::TooManySegments {
+            count: MAX_IOVECS + 1,
+            max: MAX_IOVECS,
+        };
+        assert_eq!(mem.writev_to(a.as_fd(), &segs).unwrap_err(), want);
+        assert_eq!(mem.readv_from(a.as_fd(), &segs).unwrap_err(), want);
+        let mut buf = [0u8; 128];
+        assert_eq!(
+            b.read(&mut buf).unwrap_err().kind(),
+            io::ErrorKind::WouldBlock
+        );
+        // Exactly the limit is fine.
+        let n = mem.writev_to(a.as_fd(), &segs[..MAX_IOVECS]).unwrap();
+        assert_eq!(n.unwrap(), MAX_IOVECS);
+        assert_eq!(b.read(&mut buf).unwrap(), MAX_IOVECS);
+    }
+
+    #[test]
+    fn host_errors_come_back_inside() {
+        let mem = two_regions();
+        let (a, mut b) = nonblocking_pair();
+        let segs = [seg(0x1000, 4096), seg(0x10000, 4096)];
+        let empty = mem.readv_from(a.as_fd(), &segs).unwrap();
+        assert_eq!(empty.unwrap_err().kind(), io::ErrorKind::WouldBlock);
+        let chunk = [0u8; 4096];
+        while b.write(&chunk).is_ok() {}
+        let full = mem.writev_to(b.as_fd(), &segs).unwrap();
+        assert_eq!(full.unwrap_err().raw_os_error(), Some(libc::EAGAIN));
     }
 }
