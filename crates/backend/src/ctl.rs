@@ -1,21 +1,61 @@
 //! The backend's control plane: a unix socket for `virtnet ctl` (one JSON request per line,
-//! one JSON answer per line) and a Prometheus `/metrics` endpoint over plain HTTP.
+//! one JSON answer per line) and a Prometheus `/metrics` endpoint over plain HTTP (one request
+//! per connection). Both serve their clients through [`endpoint`]: concurrently, a bounded
+//! number at once, each request and answer under a deadline.
 //!
 //! Requests: `{"cmd":"stats"}` and `{"cmd":"set-busy-poll","us":50,"queue":1}` (`us`: a
 //! timeout in microseconds, 0 off, or `"auto"`; `queue` optional: all queues).
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpListener;
+use std::net::{TcpListener, TcpStream};
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use super::endpoint::{self, Bound, Client};
 use super::metrics::{prometheus, QueueReport};
-use super::session::accept_failed;
 use super::{BusyPoll, Device};
+
+/// The most `virtnet ctl` clients served at once. One more is served too: the client that
+/// has waited longest is closed to make room.
+pub const MAX_CTL_CLIENTS: usize = 16;
+
+/// How long a ctl client may wait before sending a request (its first, or its next).
+pub const CTL_IDLE: Duration = Duration::from_secs(30);
+
+/// How long a ctl request may take, from its first byte to its newline.
+pub const CTL_REQUEST: Duration = Duration::from_secs(5);
+
+/// The longest ctl request line: a longer one is refused, and its client closed.
+pub const MAX_CTL_REQUEST: usize = 64 * 1024;
+
+/// The most /metrics clients served at once (a Prometheus server scrapes with one or two),
+/// and, as for ctl, one more served by closing the one that has waited longest.
+pub const MAX_METRICS_CLIENTS: usize = 8;
+
+/// How long a /metrics client has from connecting to the end of its request head.
+pub const HTTP_HEAD: Duration = Duration::from_secs(5);
+
+/// The longest HTTP request head taken; a longer one is answered 431.
+pub const MAX_HTTP_HEAD: usize = 8 * 1024;
+
+/// How long writing one answer may take, whole, on either endpoint: a client that reads it
+/// too slowly or not at all is closed then.
+pub const ANSWER: Duration = Duration::from_secs(5);
+
+const CTL: Bound = Bound {
+    what: "ctl",
+    thread: "virtnet-ctl",
+    max_clients: MAX_CTL_CLIENTS,
+};
+
+const METRICS: Bound = Bound {
+    what: "metrics",
+    thread: "virtnet-metrics",
+    max_clients: MAX_METRICS_CLIENTS,
+};
 
 #[derive(Debug, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(tag = "cmd", rename_all = "kebab-case")]
@@ -58,86 +98,137 @@ fn answer(device: &Device, line: &str) -> String {
     }
 }
 
-fn serve_client(device: &Device, stream: UnixStream) {
-    let _ = stream.set_read_timeout(Some(Duration::from_secs(30)));
-    let Ok(mut out) = stream.try_clone() else {
-        return;
-    };
-    // Requests are short: cap a line at 64 KiB so a client cannot make us buffer forever.
-    let reader = BufReader::new(stream.take(64 * 1024));
-    for line in reader.lines() {
-        let Ok(line) = line else { return };
-        if out
-            .write_all(format!("{}\n", answer(device, &line)).as_bytes())
+/// Serves `virtnet ctl` clients on `listener`, each on a thread named `virtnet-ctl`, at most
+/// [`MAX_CTL_CLIENTS`] at once. Returns only if the listener fails for good.
+pub fn serve_ctl(device: Arc<Device>, listener: UnixListener) {
+    endpoint::serve(listener.incoming(), CTL, move |client| {
+        serve_ctl_client(&device, client)
+    });
+}
+
+/// Answers one ctl client's requests, one line each, until it closes or misses a deadline.
+fn serve_ctl_client(device: &Device, client: &mut Client<UnixStream>) {
+    let mut reader = BufReader::new(client);
+    let mut line = Vec::new();
+    loop {
+        reader.get_mut().deadline_in(CTL_IDLE);
+        if !matches!(reader.fill_buf(), Ok(b) if !b.is_empty()) {
+            return;
+        }
+        // A request has started: the rest of its line is due by CTL_REQUEST.
+        reader.get_mut().deadline_in(CTL_REQUEST);
+        line.clear();
+        let limit = MAX_CTL_REQUEST as u64;
+        if (&mut reader)
+            .take(limit)
+            .read_until(b'\n', &mut line)
             .is_err()
         {
             return;
         }
-    }
-}
-
-/// The most `virtnet ctl` clients served at once; one more is closed at once.
-pub const MAX_CTL_CLIENTS: usize = 16;
-
-/// Serves `virtnet ctl` clients on `listener`, one thread per client, at most
-/// [`MAX_CTL_CLIENTS`] at once.
-pub fn serve_ctl(device: Arc<Device>, listener: UnixListener) {
-    let clients = Arc::new(AtomicUsize::new(0));
-    for stream in listener.incoming() {
-        let stream = match stream {
-            Ok(s) => s,
-            Err(e) => {
-                accept_failed(&e);
-                continue;
-            }
+        let too_long = line.len() >= MAX_CTL_REQUEST && line.last() != Some(&b'\n');
+        let text = if too_long {
+            serde_json::json!({ "error": format!("request longer than {MAX_CTL_REQUEST} bytes") })
+                .to_string()
+        } else {
+            answer(device, &String::from_utf8_lossy(&line))
         };
-        if clients.fetch_add(1, SeqCst) >= MAX_CTL_CLIENTS {
-            clients.fetch_sub(1, SeqCst);
-            tracing::warn!("too many ctl clients; closing the newest");
-            continue;
+        let client = reader.get_mut();
+        client.deadline_in(ANSWER);
+        if client.write_all(format!("{text}\n").as_bytes()).is_err() || too_long {
+            return;
         }
-        let (d, c) = (device.clone(), clients.clone());
-        let spawned = std::thread::Builder::new()
-            .name("virtnet-ctl".into())
-            .spawn(move || {
-                serve_client(&d, stream);
-                c.fetch_sub(1, SeqCst);
-            });
-        if spawned.is_err() {
-            clients.fetch_sub(1, SeqCst);
-        }
+        client.answered();
     }
 }
 
-/// Serves `GET /metrics` in the Prometheus text format; anything else gets a 404.
+/// Serves `GET /metrics` in the Prometheus text format (anything else gets a 404), each
+/// client on a thread named `virtnet-metrics`, at most [`MAX_METRICS_CLIENTS`] at once.
+/// Returns only if the listener fails for good.
 pub fn serve_metrics(device: Arc<Device>, listener: TcpListener) {
-    for stream in listener.incoming() {
-        let mut stream = match stream {
-            Ok(s) => s,
-            Err(e) => {
-                accept_failed(&e);
-                continue;
-            }
-        };
-        // One client at a time: neither a silent one nor one that never reads may hold the
-        // endpoint for long.
-        let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
-        let _ = stream.set_write_timeout(Some(Duration::from_secs(5)));
-        let mut buf = [0u8; 2048];
-        let n = stream.read(&mut buf).unwrap_or(0);
-        let head = String::from_utf8_lossy(&buf[..n]);
-        let (status, body) =
-            if head.starts_with("GET /metrics ") || head.starts_with("GET /metrics?") {
-                ("200 OK", prometheus(&device.reports()))
-            } else {
-                ("404 Not Found", "not found\n".to_string())
-            };
-        let _ = write!(
-            stream,
-            "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-            body.len()
-        );
+    endpoint::serve(listener.incoming(), METRICS, move |client| {
+        serve_scrape(&device, client)
+    });
+}
+
+/// One HTTP exchange: the request head by [`HTTP_HEAD`], the answer, and the connection
+/// closed.
+fn serve_scrape(device: &Device, client: &mut Client<TcpStream>) {
+    client.deadline_in(HTTP_HEAD);
+    let (status, body) = match read_head(client) {
+        Ok(Head::Complete(head)) if asks_for_metrics(&head) => {
+            ("200 OK", prometheus(&device.reports()))
+        }
+        Ok(Head::Complete(_)) => ("404 Not Found", "not found\n".to_string()),
+        Ok(Head::TooLong) => (
+            "431 Request Header Fields Too Large",
+            "request head too long\n".to_string(),
+        ),
+        // Closed before the end of its head, or too slow to send it.
+        Ok(Head::Closed) | Err(_) => return,
+    };
+    client.deadline_in(ANSWER);
+    let _ = write!(
+        client,
+        "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+}
+
+/// An HTTP request head as read.
+#[derive(Debug, PartialEq, Eq)]
+enum Head {
+    /// Up to and with the empty line that ends it.
+    Complete(Vec<u8>),
+    /// [`MAX_HTTP_HEAD`] bytes without its end.
+    TooLong,
+    /// The client closed first.
+    Closed,
+}
+
+/// Reads a request head from `r`. Bytes after its end (a body) may be read too, and dropped.
+fn read_head(r: &mut impl Read) -> std::io::Result<Head> {
+    let mut head = Vec::with_capacity(1024);
+    let mut buf = [0u8; 1024];
+    loop {
+        let n = r.read(&mut buf)?;
+        if n == 0 {
+            return Ok(Head::Closed);
+        }
+        // The empty line that ends it may have begun in the bytes read before.
+        let from = head.len().saturating_sub(3);
+        head.extend_from_slice(&buf[..n]);
+        if let Some(end) = head_end(&head[from..]) {
+            head.truncate(from + end);
+            return Ok(Head::Complete(head));
+        }
+        if head.len() >= MAX_HTTP_HEAD {
+            return Ok(Head::TooLong);
+        }
     }
+}
+
+/// Where the empty line ending a head ends in `bytes`, if it is there: CRLF CRLF, or bare
+/// LFs, which RFC 9112 lets a server accept.
+fn head_end(bytes: &[u8]) -> Option<usize> {
+    let find = |end: &[u8]| {
+        let at = bytes.windows(end.len()).position(|w| w == end)?;
+        Some(at + end.len())
+    };
+    [find(b"\r\n\r\n"), find(b"\n\n")]
+        .into_iter()
+        .flatten()
+        .min()
+}
+
+/// Whether a request head is `GET /metrics` (with or without a query).
+fn asks_for_metrics(head: &[u8]) -> bool {
+    let line = head.split(|&b| b == b'\n').next().unwrap_or_default();
+    let mut words = line.split(|&b| b == b' ');
+    let (method, target) = (words.next(), words.next());
+    let path = target.and_then(|t| t.split(|&b| b == b'?').next());
+    method == Some(b"GET") && path == Some(b"/metrics")
 }
 
 /// Client side: sends one request and returns the answer line.
@@ -210,5 +301,49 @@ mod tests {
         );
         assert!(answer(&device, r#"{"cmd":"set-busy-poll","us":"often"}"#).contains("bad request"));
         assert!(answer(&device, "garbage").contains("bad request"));
+    }
+
+    /// Hands out `bytes` a few at a time, as a slow client sends them.
+    struct Chunks<'a>(&'a [u8], usize);
+    impl Read for Chunks<'_> {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            let n = self.1.min(self.0.len()).min(buf.len());
+            buf[..n].copy_from_slice(&self.0[..n]);
+            self.0 = &self.0[n..];
+            Ok(n)
+        }
+    }
+
+    #[test]
+    fn an_http_head_is_read_to_its_empty_line_in_any_pieces_and_bounded() {
+        let get = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n";
+        for piece in [1, 2, 3, 5, 1024] {
+            let mut with_body = get.to_vec();
+            with_body.extend_from_slice(b"body");
+            let head = read_head(&mut Chunks(&with_body, piece)).unwrap();
+            assert_eq!(head, Head::Complete(get.to_vec()), "pieces of {piece}");
+        }
+        let bare = b"GET /metrics?x=1 HTTP/1.0\nHost: x\n\n";
+        assert_eq!(
+            read_head(&mut Chunks(bare, 7)).unwrap(),
+            Head::Complete(bare.to_vec())
+        );
+        let cut = b"GET /metrics HTTP/1.1\r\nHost: x\r\n";
+        assert_eq!(read_head(&mut Chunks(cut, 4)).unwrap(), Head::Closed);
+        let endless = [b'a'; MAX_HTTP_HEAD + 100];
+        assert_eq!(
+            read_head(&mut Chunks(&endless, 1000)).unwrap(),
+            Head::TooLong
+        );
+    }
+
+    #[test]
+    fn only_get_metrics_asks_for_metrics() {
+        assert!(asks_for_metrics(b"GET /metrics HTTP/1.1\r\n\r\n"));
+        assert!(asks_for_metrics(b"GET /metrics?name=x HTTP/1.1\r\n\r\n"));
+        assert!(!asks_for_metrics(b"GET /metricsx HTTP/1.1\r\n\r\n"));
+        assert!(!asks_for_metrics(b"POST /metrics HTTP/1.1\r\n\r\n"));
+        assert!(!asks_for_metrics(b"GET / HTTP/1.1\r\n\r\n"));
+        assert!(!asks_for_metrics(b"\r\n\r\n"));
     }
 }

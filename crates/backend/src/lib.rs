@@ -18,7 +18,8 @@
 //! - [`thread`]: a worker's thread and command channel; [`queue`]: a running queue, its
 //!   notifications and coalescing; [`hold`]: holding calls while the driver is busy;
 //! - [`metrics`]: per-queue counters, JSON and Prometheus; [`ctl`]: the control socket of
-//!   `virtnet ctl`, and /metrics; [`error`]: why a queue broke.
+//!   `virtnet ctl`, and /metrics; [`endpoint`]: how both serve their clients (bounded, the
+//!   longest waiting evicted, under deadlines); [`error`]: why a queue broke.
 //!
 //! With the `fuzzing` cargo feature, which only fuzz/ enables, the `fuzzing` module makes
 //! public what the fuzz targets drive directly: the device state alone, a queue runtime, the
@@ -29,6 +30,7 @@
 pub mod ctl;
 pub mod ctrlq;
 pub mod device;
+pub mod endpoint;
 pub mod error;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;

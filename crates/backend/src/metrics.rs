@@ -58,6 +58,8 @@ vnet::counters! {
         call_errors,
         /// Used-index stores (one per published batch).
         batches_flushed,
+        /// Busy polls entered, and why each ended: work found, the timeout, other work for
+        /// the worker, the CPU wanted by another task, a pending signal, the worker's shutdown.
         busy_poll_entries,
         busy_poll_hits,
         busy_poll_timeouts,
@@ -215,57 +217,75 @@ impl QueueReport {
     }
 }
 
-/// Renders queue reports in the Prometheus text exposition format.
+/// Renders queue reports in the Prometheus text exposition format: per family a HELP line
+/// (a counter's doc comment), a TYPE line, and one sample per queue.
 pub fn prometheus(queues: &[QueueReport]) -> String {
     let mut out = String::new();
     let Some(first) = queues.first() else {
         return out;
     };
-    for (name, _) in first.counters.fields() {
-        let _ = writeln!(out, "# TYPE virtnet_queue_{name}_total counter");
-        for q in queues {
-            let v = q
-                .counters
-                .fields()
-                .into_iter()
-                .find(|(n, _)| *n == name)
-                .map_or(0, |(_, v)| v);
-            let _ = writeln!(
-                out,
-                "virtnet_queue_{name}_total{{queue=\"{}\",kind=\"{}\"}} {v}",
-                q.index, q.kind
-            );
-        }
-    }
-    let _ = writeln!(out, "# TYPE virtnet_queue_broken gauge");
-    for q in queues {
-        let _ = writeln!(
-            out,
-            "virtnet_queue_broken{{queue=\"{}\",kind=\"{}\"}} {}",
-            q.index,
-            q.kind,
-            q.counters.broken.is_some() as u8
+    let fields: Vec<_> = queues.iter().map(|q| q.counters.fields()).collect();
+    let help = CountersSnapshot::descriptions();
+    for (i, (name, _)) in first.counters.fields().into_iter().enumerate() {
+        let text = help.get(i).map_or("", |&(_, doc)| doc);
+        let samples = queues.iter().zip(&fields).map(|(q, f)| (q, f[i].1));
+        family(
+            &mut out,
+            &format!("virtnet_queue_{name}_total"),
+            "counter",
+            text,
+            samples,
         );
     }
-    let _ = writeln!(out, "# TYPE virtnet_queue_busy_poll_us gauge");
-    for q in queues {
-        let _ = writeln!(
-            out,
-            "virtnet_queue_busy_poll_us{{queue=\"{}\",kind=\"{}\"}} {}",
-            q.index, q.kind, q.busy_poll_us
-        );
-    }
-    let _ = writeln!(out, "# TYPE virtnet_queue_busy_poll_auto gauge");
-    for q in queues {
-        let _ = writeln!(
-            out,
-            "virtnet_queue_busy_poll_auto{{queue=\"{}\",kind=\"{}\"}} {}",
-            q.index,
-            q.kind,
-            (q.busy_poll == BusyPoll::Auto) as u8
+    type Gauge = (&'static str, &'static str, fn(&QueueReport) -> u64);
+    let gauges: [Gauge; 3] = [
+        (
+            "broken",
+            "1 if the queue is broken (virtnet ctl stats says why).",
+            |q| q.counters.broken.is_some().into(),
+        ),
+        (
+            "busy_poll_us",
+            "How long a busy poll lasts now, in microseconds: the fixed timeout, or the \
+             budget auto chose last.",
+            |q| q.busy_poll_us.into(),
+        ),
+        ("busy_poll_auto", "1 if busy polling is auto.", |q| {
+            (q.busy_poll == BusyPoll::Auto).into()
+        }),
+    ];
+    for (name, text, value) in gauges {
+        let samples = queues.iter().map(|q| (q, value(q)));
+        family(
+            &mut out,
+            &format!("virtnet_queue_{name}"),
+            "gauge",
+            text,
+            samples,
         );
     }
     out
+}
+
+/// One metric family: HELP, TYPE, and a sample per queue.
+fn family<'a>(
+    out: &mut String,
+    name: &str,
+    kind: &str,
+    help: &str,
+    samples: impl Iterator<Item = (&'a QueueReport, u64)>,
+) {
+    // HELP text escapes a backslash and a line feed (the exposition format's rule).
+    let help = help.replace('\\', "\\\\").replace('\n', "\\n");
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+    for (q, v) in samples {
+        let _ = writeln!(
+            out,
+            "{name}{{queue=\"{}\",kind=\"{}\"}} {v}",
+            q.index, q.kind
+        );
+    }
 }
 
 #[cfg(test)]
@@ -300,5 +320,54 @@ mod tests {
         let text = prometheus(&[QueueReport::new(0, "rx", &m, &t)]);
         assert!(text.contains("virtnet_queue_busy_poll_auto{queue=\"0\",kind=\"rx\"} 1"));
         assert!(text.contains("virtnet_queue_busy_poll_us{queue=\"0\",kind=\"rx\"} 14"));
+    }
+
+    #[test]
+    fn prometheus_gives_every_family_one_help_then_one_type_before_its_samples() {
+        let (m, t) = (QueueCounters::default(), QueueTunables::default());
+        let r = |i, kind| QueueReport::new(i, kind, &m, &t);
+        let text = prometheus(&[r(0, "rx"), r(1, "tx"), r(2, "ctrl")]);
+        // Per family: (HELP text, TYPE seen, samples), in the order met.
+        let mut families: Vec<(String, String, bool, usize)> = Vec::new();
+        for line in text.lines() {
+            if let Some(rest) = line.strip_prefix("# HELP ") {
+                let (name, help) = rest.split_once(' ').unwrap();
+                assert!(
+                    families.iter().all(|f| f.0 != name),
+                    "a second HELP for {name}"
+                );
+                families.push((name.into(), help.into(), false, 0));
+            } else if let Some(rest) = line.strip_prefix("# TYPE ") {
+                let (name, kind) = rest.split_once(' ').unwrap();
+                let last = families.last_mut().expect("TYPE before any HELP");
+                assert_eq!(last.0, name, "TYPE of {name} without its HELP just before");
+                assert!(
+                    !last.2 && last.3 == 0,
+                    "TYPE of {name} twice, or after samples"
+                );
+                assert!(["counter", "gauge"].contains(&kind), "{line}");
+                last.2 = true;
+            } else {
+                let name = line.split('{').next().unwrap();
+                let last = families.last_mut().expect("a sample before any HELP");
+                assert!(
+                    last.0 == name && last.2,
+                    "{name}: sample outside its family"
+                );
+                last.3 += 1;
+            }
+        }
+        let counters = CountersSnapshot::default().fields().len();
+        assert_eq!(
+            families.len(),
+            counters + 3,
+            "every counter and the 3 gauges"
+        );
+        for (name, help, _, samples) in &families {
+            assert!(help.len() > 10, "{name} has HELP {help:?}");
+            assert_eq!(*samples, 3, "{name}: one sample per queue");
+        }
+        let bytes = families.iter().find(|f| f.0 == "virtnet_queue_bytes_total");
+        assert!(bytes.unwrap().1.starts_with("Frames moved"), "{bytes:?}");
     }
 }

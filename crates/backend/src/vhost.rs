@@ -817,6 +817,21 @@ mod tests {
     }
 
     #[test]
+    fn every_bit_a_backend_offers_has_a_name_in_the_device_report() {
+        let mut s = setup();
+        let offered = s.conn.get_features().unwrap();
+        s.conn.set_features(offered).unwrap();
+        let report = s.device.device_report().features;
+        assert!(report.contains("PROTOCOL_FEATURES"), "{report}");
+        let all_named = |names: &str| !names.split('|').any(|n| n.starts_with("bit"));
+        assert!(all_named(&report), "{report}");
+        // With more pairs (MQ) and a TAP that has USO, the most a backend offers.
+        let tap = crate::tap_features(virtnet_sys::tap::TapSupport { uso: true });
+        let most = Features(offered) | crate::device_features(2) | tap;
+        assert!(all_named(&feature::names(most)), "{}", feature::names(most));
+    }
+
+    #[test]
     fn set_vring_num_refuses_sizes_that_are_not_a_power_of_two_up_to_32768() {
         let mut s = setup();
         for bad in [0, 3, 96, 65536] {

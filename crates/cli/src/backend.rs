@@ -203,15 +203,16 @@ pub fn run(args: BackendArgs) -> Result<(), Box<dyn std::error::Error>> {
         let l = UnixListener::bind(path)
             .map_err(|e| format!("cannot listen on {}: {e}", path.display()))?;
         let d = device.clone();
+        // Its clients' threads are the `virtnet-ctl` ones.
         std::thread::Builder::new()
-            .name("virtnet-ctl".into())
+            .name("ctl-accept".into())
             .spawn(move || ctl::serve_ctl(d, l))?;
     }
     if let Some(addr) = &args.metrics {
         let l = TcpListener::bind(addr).map_err(|e| format!("cannot listen on {addr}: {e}"))?;
         let d = device.clone();
         std::thread::Builder::new()
-            .name("virtnet-metrics".into())
+            .name("metrics-accept".into())
             .spawn(move || ctl::serve_metrics(d, l))?;
     }
     // SIGTERM or SIGINT: tell systemd, stop the queues (used batches published), remove the

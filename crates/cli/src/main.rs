@@ -70,13 +70,16 @@ struct BenchArgs {
     plot: Option<std::path::PathBuf>,
 }
 
-/// Logs go to stderr; RUST_LOG overrides the default level.
+/// Logs go to stderr; RUST_LOG overrides the default level. Coloured only on a terminal
+/// (a file or journald would keep the escape codes) and without NO_COLOR (no-color.org).
 fn init_logging(default: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let no_color = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal() && !no_color)
         .try_init();
 }
 

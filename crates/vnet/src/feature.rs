@@ -1,7 +1,9 @@
-//! The virtio-net feature bits (VIRTIO 1.2 5.1.3), named from `virtio-bindings`, and the
-//! names of every bit a virtio-net device negotiates. The transport and ring bits are vring's
+//! The virtio-net feature bits (VIRTIO 1.2 5.1.3), named from `virtio-bindings`, the two bits
+//! vhost-user adds to the feature word, and the names of every bit a virtio-net device
+//! negotiates over vhost-user. The transport and ring bits are vring's
 //! (`Features::VERSION_1`, `Features::RING_EVENT_IDX`, ...).
 
+use vhost::vhost_user::message::VhostUserVirtioFeatures;
 use virtio_bindings::virtio_net as net;
 use vring::Features;
 
@@ -36,7 +38,13 @@ pub const CTRL_MAC_ADDR: Features = bit(net::VIRTIO_NET_F_CTRL_MAC_ADDR);
 pub const NOTF_COAL: Features = bit(net::VIRTIO_NET_F_NOTF_COAL);
 pub const VQ_NOTF_COAL: Features = bit(net::VIRTIO_NET_F_VQ_NOTF_COAL);
 
-/// The net bits with their spec names, for display.
+/// vhost-user's bit 30, VHOST_USER_F_PROTOCOL_FEATURES: the backend has protocol features
+/// (GET/SET_PROTOCOL_FEATURES), and its rings start disabled (vhost-user spec).
+pub const PROTOCOL_FEATURES: Features = Features(VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits());
+/// vhost's bit 26, VHOST_F_LOG_ALL: log every write to guest memory (live migration).
+pub const LOG_ALL: Features = Features(VhostUserVirtioFeatures::LOG_ALL.bits());
+
+/// The net bits with their spec names, then vhost-user's, for display.
 const NAMES: &[(Features, &str)] = &[
     (CSUM, "CSUM"),
     (GUEST_CSUM, "GUEST_CSUM"),
@@ -64,10 +72,13 @@ const NAMES: &[(Features, &str)] = &[
     (CTRL_MAC_ADDR, "CTRL_MAC_ADDR"),
     (NOTF_COAL, "NOTF_COAL"),
     (VQ_NOTF_COAL, "VQ_NOTF_COAL"),
+    (PROTOCOL_FEATURES, "PROTOCOL_FEATURES"),
+    (LOG_ALL, "LOG_ALL"),
 ];
 
-/// `f` by name, the net bits first ("MRG_RXBUF|STATUS|...|VERSION_1"), then the transport
-/// and ring bits as vring names them, and any other bit by number.
+/// `f` by name, the net and vhost-user bits first ("MRG_RXBUF|STATUS|PROTOCOL_FEATURES|...
+/// |VERSION_1"), then the transport and ring bits as vring names them, and any other bit by
+/// number.
 pub fn names(f: Features) -> String {
     let mut parts: Vec<String> = Vec::new();
     let mut rest = f;
@@ -93,6 +104,16 @@ mod tests {
         assert_eq!(MRG_RXBUF.0, 1 << 15);
         assert_eq!(CTRL_VQ.0, 1 << 17);
         assert_eq!(VQ_NOTF_COAL.0, 1 << 52);
+        assert_eq!(PROTOCOL_FEATURES.0, 1 << 30);
+        assert_eq!(LOG_ALL.0, 1 << 26);
+    }
+
+    #[test]
+    fn vhost_user_bits_have_names() {
+        assert_eq!(names(Features(1 << 30)), "PROTOCOL_FEATURES");
+        assert_eq!(names(Features(1 << 26)), "LOG_ALL");
+        let f = CTRL_VQ | PROTOCOL_FEATURES | Features::RING_EVENT_IDX;
+        assert_eq!(names(f), "CTRL_VQ|PROTOCOL_FEATURES|RING_EVENT_IDX");
     }
 
     #[test]

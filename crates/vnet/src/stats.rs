@@ -133,12 +133,15 @@ impl Broken {
 /// c.packets.add(2);
 /// assert_eq!(c.snapshot().packets, 2);
 /// assert_eq!(c.snapshot().fields()[1], ("bytes", 0));
+/// assert_eq!(CountsSnapshot::descriptions()[1], ("bytes", "Frames moved."));
 /// ```
 ///
 /// - The struct has one public [`Counter`] per field (`of SharedCounter` after the snapshot's
 ///   name picks that type), and `snapshot()`.
 /// - The snapshot has one `u64` per field, `fields()` (name, value) in declaration order for
 ///   Prometheus, `since(&earlier)` and `accumulate(&other)`, and serialises as JSON.
+/// - `descriptions()` gives each field's doc comment, Prometheus's HELP text. A doc comment
+///   covers the undocumented fields after it (`packets, bytes` above share one).
 /// - `with broken` after the names adds a [`Broken`] state: the struct gets `set_broken`,
 ///   `is_broken`, `broken_reason`, `clear_broken`, and the snapshot a `broken: Option<String>`.
 #[macro_export]
@@ -170,15 +173,21 @@ macro_rules! counters {
     ) => {
         $crate::counters!(@build [$(#[$m])*] [$vis] $name $snap Counter [] [Copy] { $($body)* });
     };
+    // A field's doc comment as one string: its `doc` attributes joined, others skipped.
+    (@doc) => { "" };
+    (@doc [doc = $line:literal] $($rest:tt)*) => {
+        concat!($line, $crate::counters!(@doc $($rest)*))
+    };
+    (@doc [$($other:tt)*] $($rest:tt)*) => { $crate::counters!(@doc $($rest)*) };
     (
         @build [$($attr:tt)*] [$vis:vis] $name:ident $snap:ident $cty:ident
         [$($broken:ident)?] [$($copy:ident)?]
-        { $($(#[$fm:meta])* $f:ident),* $(,)? }
+        { $($(#[$($fm:tt)*])* $f:ident),* $(,)? }
     ) => {
         $($attr)*
         #[derive(Debug, Default)]
         $vis struct $name {
-            $($(#[$fm])* pub $f: $crate::stats::$cty,)*
+            $($(#[$($fm)*])* pub $f: $crate::stats::$cty,)*
             $($broken: $crate::stats::Broken,)?
         }
 
@@ -222,6 +231,21 @@ macro_rules! counters {
             pub fn fields(&self) -> Vec<(&'static str, u64)> {
                 vec![$((stringify!($f), self.$f),)*]
             }
+            /// (name, doc comment) of every counter, in declaration order. A field without
+            /// a doc comment has the one of the field before it (empty for none).
+            pub fn descriptions() -> Vec<(&'static str, &'static str)> {
+                let own = [$((stringify!($f), $crate::counters!(@doc $([$($fm)*])*)),)*];
+                let mut last = "";
+                own.into_iter()
+                    .map(|(name, doc)| {
+                        let doc = doc.trim();
+                        if !doc.is_empty() {
+                            last = doc;
+                        }
+                        (name, last)
+                    })
+                    .collect()
+            }
             /// The counts accumulated since `earlier`.
             pub fn since(&self, earlier: &$snap) -> $snap {
                 $snap {
@@ -249,6 +273,8 @@ mod tests {
     crate::counters! {
         /// For the tests.
         pub struct Counts / CountsSnapshot with broken {
+            /// Frames moved,
+            /// and their bytes.
             packets,
             bytes,
         }
@@ -256,8 +282,23 @@ mod tests {
 
     crate::counters! {
         pub struct Shared / SharedSnapshot of SharedCounter {
+            #[allow(unused)]
+            /// Other attributes are skipped.
             submitted,
         }
+    }
+
+    #[test]
+    fn descriptions_are_doc_comments_and_cover_the_fields_after_them() {
+        let both = "Frames moved, and their bytes.";
+        assert_eq!(
+            CountsSnapshot::descriptions(),
+            [("packets", both), ("bytes", both)]
+        );
+        assert_eq!(
+            SharedSnapshot::descriptions(),
+            [("submitted", "Other attributes are skipped.")]
+        );
     }
 
     #[test]
