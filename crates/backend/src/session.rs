@@ -61,8 +61,8 @@ pub struct Session {
     status: status::Status,
     device: Arc<Device>,
     deadlines: Deadlines,
-    /// When the connection was opened: its first request is due by then plus
-    /// `deadlines.first_request`.
+    /// When the session started serving the connection: its first request is due by then
+    /// plus `deadlines.first_request`.
     opened: Instant,
     /// Whether a request has been served; until then the first request's deadline holds.
     spoke: bool,
@@ -73,6 +73,7 @@ impl std::fmt::Debug for Session {
         f.debug_struct("Session")
             .field("open", &self.handler.is_some())
             .field("status", &self.status)
+            .field("spoke", &self.spoke)
             .finish()
     }
 }
@@ -80,8 +81,9 @@ impl std::fmt::Debug for Session {
 impl Session {
     /// A fresh connection: the device is reset to its defaults.
     pub(crate) fn new(device: &Arc<Device>, stream: UnixStream) -> io::Result<Session> {
-        let opened = Instant::now();
         device.reset();
+        // After the reset, which waits for the workers: the frontend's time starts now.
+        let opened = Instant::now();
         let conn = Arc::new(Mutex::new(vhost::Connection::new(device.clone())));
         Ok(Session {
             stream: stream.try_clone()?,
