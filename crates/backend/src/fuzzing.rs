@@ -1,6 +1,6 @@
 //! The fuzz targets' way in, compiled only with the `fuzzing` feature (which only fuzz/
 //! enables): the parts of the device that `ctrl_queue` and `vhost_user` drive directly, without
-//! the control thread or the accept loop. The shipped crate keeps each of them crate-private;
+//! the control thread or the accept loop, and a session's deadlines shortened. The shipped crate keeps each of them crate-private;
 //! these wrappers add nothing to them.
 
 use std::io;
@@ -12,6 +12,7 @@ use vmm_sys_util::eventfd::EventFd;
 use vring::{Chain, DeviceQueue};
 
 use crate::device::Device;
+use crate::gate::Deadlines;
 use crate::metrics::{QueueCounters, QueueTunables};
 use crate::queue::{QueueId, QueueRuntime};
 use crate::session::Session;
@@ -52,6 +53,12 @@ pub fn process_commands(shared: &Shared, q: &mut QueueRuntime, chain: &mut Chain
 /// A session on `stream`, as the accept loop opens one per frontend (the device is reset).
 pub fn open_session(device: &Arc<Device>, stream: UnixStream) -> io::Result<Session> {
     Session::new(device, stream)
+}
+
+/// Replaces the session's deadlines (the target's are milliseconds, so that an input that
+/// stalls a message costs little).
+pub fn set_deadlines(session: &mut Session, deadlines: Deadlines) {
+    session.set_deadlines(deadlines)
 }
 
 /// One request of the session's loop; false once the connection has closed.

@@ -4,8 +4,8 @@
 //! unknown requests (an invalid message), and we would close the connection: a QEMU guest
 //! with `host_mtu` would lose its backend at boot.
 //!
-//! The session peeks at each request header ([`Header::peek`]); for one of these it takes the
-//! whole message off the socket here, framed by [`vnet::vhost_wire`], and otherwise leaves it
+//! The session peeks at each request header ([`Header::peek`]) once its gate has seen the
+//! whole message on the socket; for one of these it takes the message off the socket here, framed by [`vnet::vhost_wire`], and otherwise leaves it
 //! for the crate. The codes, flags and the u64 payloads are the crate's.
 
 use std::io::{self, Read, Write};
@@ -37,9 +37,9 @@ pub struct Header {
 }
 
 impl Header {
-    /// The next request's header, without consuming it; None while fewer than its 12 bytes
-    /// have arrived (the crate then reads the request whole, as it would have). A frontend
-    /// that splits a header across writes gets these requests refused by the crate.
+    /// The next request's header, without consuming it; None when fewer than its 12 bytes
+    /// are there, which past the session's gate (`super::gate`, which waits for the whole
+    /// message) means the frontend has closed its end: the crate then reads to the end.
     pub fn peek(stream: &UnixStream) -> io::Result<Option<Header>> {
         let mut hdr = [0u8; HDR_LEN];
         if virtnet_sys::peek(stream, &mut hdr)? < HDR_LEN {

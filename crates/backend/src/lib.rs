@@ -4,7 +4,8 @@
 //!
 //! The parts, from the socket down (each uses only those below it):
 //! - [`session`]: accepting frontends (or, in client mode, connecting to one) and serving one
-//!   connection's requests;
+//!   connection's requests; [`gate`]: when a request may be read (whole on the socket, a
+//!   reply sendable), and the deadlines that drop a frontend keeping it from being so;
 //! - [`vhost`]: the vhost-user protocol state of a connection; [`intercept`]: the requests
 //!   its message layer does not dispatch, [`status`] (SET/GET_STATUS), [`mtu`]
 //!   (NET_SET_MTU) and [`rarp`] (SEND_RARP, the announcement after a live migration);
@@ -34,6 +35,7 @@ pub mod endpoint;
 pub mod error;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
+pub mod gate;
 pub mod hold;
 pub mod host;
 pub mod intercept;

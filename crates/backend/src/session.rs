@@ -1,6 +1,13 @@
 //! Serving frontends: one connection at a time, each request through rust-vmm's message
 //! layer into our protocol state ([`vhost::Connection`]), except the requests that layer does
-//! not dispatch ([`intercept`]: the status requests and NET_SET_MTU).
+//! not dispatch ([`intercept`]: the status requests and NET_SET_MTU); each only once
+//! [`gate`] says it is whole on the socket and a reply can be sent.
+//!
+//! One frontend at a time, as a vhost-user device is one device: a frontend that speaks the
+//! protocol keeps the device for as long as it stays connected, however quiet it goes (QEMU
+//! waits for its guest's driver before it sets up a queue, for minutes if the guest takes
+//! them). A frontend that does not speak, or starts a message and does not finish it, or does
+//! not read its replies, is dropped by the gate's deadlines, and the next one is served.
 
 use std::io;
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -13,9 +20,12 @@ use ::vhost::vhost_user::message::{FrontendReq, VhostUserProtocolFeatures};
 use ::vhost::vhost_user::{BackendReqHandler, Error as VuError};
 
 use super::device::Device;
+use super::gate::{self, Deadlines};
 use super::intercept::{Handled, Header};
 use super::status::Status;
 use super::{mtu, rarp, status, vhost};
+
+pub use super::gate::{FIRST_REQUEST_TIMEOUT, MESSAGE_DEADLINE};
 
 /// The vhost-user message layer of one connection, dispatching to its [`vhost::Connection`].
 pub type RequestHandler = BackendReqHandler<Mutex<vhost::Connection>>;
@@ -23,9 +33,20 @@ pub type RequestHandler = BackendReqHandler<Mutex<vhost::Connection>>;
 /// Serves one frontend connection until it goes away or breaks the protocol, then stops its
 /// queues. Never panics on frontend input.
 pub fn serve_connection(device: &Arc<Device>, stream: UnixStream) {
+    serve_stream(device, stream);
+}
+
+/// [`serve_connection`]; whether the frontend spoke (had a request served).
+fn serve_stream(device: &Arc<Device>, stream: UnixStream) -> bool {
     match Session::new(device, stream) {
-        Ok(mut s) => while s.serve_one() {},
-        Err(e) => tracing::warn!(error = %e, "cannot serve the frontend"),
+        Ok(mut s) => {
+            while s.serve_one() {}
+            s.spoke
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot serve the frontend");
+            false
+        }
     }
 }
 
@@ -39,8 +60,12 @@ pub struct Session {
     stream: UnixStream,
     status: status::Status,
     device: Arc<Device>,
-    /// Until the first request is handled, reads time out ([`FIRST_REQUEST_TIMEOUT`]).
-    awaiting_first: bool,
+    deadlines: Deadlines,
+    /// When the session started serving the connection: its first request is due by then
+    /// plus `deadlines.first_request`.
+    opened: Instant,
+    /// Whether a request has been served; until then the first request's deadline holds.
+    spoke: bool,
 }
 
 impl std::fmt::Debug for Session {
@@ -48,6 +73,7 @@ impl std::fmt::Debug for Session {
         f.debug_struct("Session")
             .field("open", &self.handler.is_some())
             .field("status", &self.status)
+            .field("spoke", &self.spoke)
             .finish()
     }
 }
@@ -56,8 +82,8 @@ impl Session {
     /// A fresh connection: the device is reset to its defaults.
     pub(crate) fn new(device: &Arc<Device>, stream: UnixStream) -> io::Result<Session> {
         device.reset();
-        // The socket's timeout is the connection's, whichever clone sets it.
-        stream.set_read_timeout(Some(FIRST_REQUEST_TIMEOUT))?;
+        // After the reset, which waits for the workers: the frontend's time starts now.
+        let opened = Instant::now();
         let conn = Arc::new(Mutex::new(vhost::Connection::new(device.clone())));
         Ok(Session {
             stream: stream.try_clone()?,
@@ -65,8 +91,17 @@ impl Session {
             conn,
             status: status::Status::default(),
             device: device.clone(),
-            awaiting_first: true,
+            deadlines: Deadlines::default(),
+            opened,
+            spoke: false,
         })
+    }
+
+    /// Replaces the gate's deadlines (the fuzz target's are short, so that a stalled message
+    /// costs it milliseconds).
+    #[cfg(any(test, feature = "fuzzing"))]
+    pub(crate) fn set_deadlines(&mut self, deadlines: Deadlines) {
+        self.deadlines = deadlines;
     }
 
     /// Handles one request; returns false once the connection has closed (its queues are
@@ -76,29 +111,33 @@ impl Session {
         if self.handler.is_none() {
             return false;
         }
-        let open = match self.intercept() {
-            Ok(Handled::Yes) => true,
-            Ok(Handled::No) => match self.handler.as_mut() {
-                Some(handler) => serve_request(handler, &self.conn),
-                None => false,
+        // A frontend may go quiet for as long as it likes once it has spoken.
+        let first_by = (!self.spoke).then(|| self.opened + self.deadlines.first_request);
+        let open = match gate::await_request(&self.stream, self.deadlines, first_by) {
+            Err(why) => {
+                tracing::warn!(%why, "closing the connection");
+                false
+            }
+            Ok(()) => match self.intercept() {
+                Ok(Handled::Yes) => true,
+                Ok(Handled::No) => match self.handler.as_mut() {
+                    Some(handler) => serve_request(handler, &self.conn),
+                    None => false,
+                },
+                Ok(Handled::Close(why)) => {
+                    tracing::warn!(why, "closing the connection");
+                    false
+                }
+                Err(e) => {
+                    tracing::info!(error = %e, "frontend disconnected");
+                    false
+                }
             },
-            Ok(Handled::Close(why)) => {
-                tracing::warn!(why, "closing the connection");
-                false
-            }
-            Err(e) => {
-                tracing::info!(error = %e, "frontend disconnected");
-                false
-            }
         };
-        if !open {
+        if open {
+            self.spoke = true;
+        } else {
             self.close();
-        } else if std::mem::take(&mut self.awaiting_first) {
-            // A frontend may go quiet for as long as it likes once it has spoken (QEMU waits
-            // for its guest's driver before it sets up any queue).
-            if let Err(e) = self.stream.set_read_timeout(None) {
-                tracing::warn!(error = %e, "cannot clear the socket's read timeout");
-            }
         }
         open
     }
@@ -211,20 +250,22 @@ pub fn serve(device: Arc<Device>, listener: UnixListener, stop: Arc<AtomicBool>)
 /// socket,server=on`, OVS-DPDK's `dpdkvhostuserclient` ports) and serves it as
 /// [`serve_connection`] serves an accepted one; when the connection ends, or while nothing
 /// listens there yet, connects again after a back-off: [`RECONNECT_FIRST`], doubling on each
-/// attempt that fails (or whose connection lasted less than [`RECONNECT_STABLE`]) up to
-/// [`RECONNECT_MAX`]. Returns once `stop` is set (checked at least every
-/// [`RECONNECT_POLL`] while waiting).
+/// attempt that fails up to [`RECONNECT_MAX`]. An attempt fails unless its frontend spoke and
+/// its connection lasted [`RECONNECT_STABLE`]: a listener that accepts and hangs up, sends
+/// garbage, says nothing until the gate drops it, or never accepts (its backlog full: the
+/// connect does not wait for it) is not hammered. Returns once `stop` is set (checked at
+/// least every [`RECONNECT_POLL`] while waiting).
 pub fn serve_client(device: Arc<Device>, path: &Path, stop: Arc<AtomicBool>) -> io::Result<()> {
     let mut delay = RECONNECT_FIRST;
     let mut failures = 0u64;
     while !stop.load(Relaxed) {
-        match UnixStream::connect(path) {
+        match virtnet_sys::socket::connect_now(path) {
             Ok(s) => {
                 tracing::info!(path = %path.display(), "connected to the frontend");
                 failures = 0;
                 let started = Instant::now();
-                serve_connection(&device, s);
-                if started.elapsed() >= RECONNECT_STABLE {
+                let spoke = serve_stream(&device, s);
+                if spoke && started.elapsed() >= RECONNECT_STABLE {
                     delay = RECONNECT_FIRST;
                 }
             }
@@ -270,10 +311,6 @@ pub(crate) fn accept_failed(e: &io::Error) {
 
 /// How long an accept loop waits after running out of descriptors or memory.
 pub(crate) const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
-
-/// How long a new frontend has to send its first request: one that connects and says nothing
-/// must not keep the next one waiting (frontends are served one at a time).
-pub const FIRST_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 
 #[cfg(test)]
 mod tests {
@@ -462,6 +499,87 @@ mod tests {
             std::thread::sleep(Duration::from_millis(5));
         }
         client.join().unwrap().unwrap();
+    }
+
+    const SHORT: Deadlines = Deadlines {
+        first_request: Duration::from_millis(300),
+        message: Duration::from_millis(60),
+    };
+
+    #[test]
+    fn a_stalled_request_closes_the_connection_and_its_queues_and_the_next_is_served() {
+        let device = null_device();
+        let tx0 = QueueId::Tx(0);
+        let (mut frontend, backend_end) = UnixStream::pair().unwrap();
+        let mut session = Session::new(&device, backend_end).unwrap();
+        session.set_deadlines(SHORT);
+        get_features(&mut session, &frontend);
+        let front = Frontend::new();
+        let mut tx = front.start_tx0(&mut session.conn.lock().unwrap());
+        assert_eq!(tx.send(1), (1, 0));
+        // A header announcing 8 bytes, and 3 of them.
+        let m = vhost_wire::encode(FrontendReq::SET_FEATURES, VERSION_1, &[0; 8]);
+        frontend.write_all(&m[..HDR_LEN + 3]).unwrap();
+        let start = Instant::now();
+        assert!(!session.serve_one(), "a stalled request was served");
+        let took = start.elapsed();
+        assert!(
+            took >= SHORT.message && took < Duration::from_secs(2),
+            "{took:?}"
+        );
+        assert!(session.spoke, "it had spoken before");
+        frontend
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        match frontend.read(&mut [0u8; 1]) {
+            Ok(0) => {}
+            Err(e) if e.kind() == ErrorKind::ConnectionReset => {}
+            other => panic!("the connection is still open: {other:?}"),
+        }
+        assert_eq!(device.worker(tx0).stop(tx0), Ok(None), "tx0 still runs");
+        drop(session);
+        let (frontend, backend_end) = UnixStream::pair().unwrap();
+        let mut next = Session::new(&device, backend_end).unwrap();
+        get_features(&mut next, &frontend);
+    }
+
+    #[test]
+    fn a_frontend_that_spoke_keeps_its_connection_through_any_silence() {
+        let device = null_device();
+        let (frontend, backend_end) = UnixStream::pair().unwrap();
+        frontend
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        let mut session = Session::new(&device, backend_end).unwrap();
+        session.set_deadlines(SHORT);
+        get_features(&mut session, &frontend);
+        // Quiet for longer than both deadlines, then the next request, which is served.
+        let quiet = SHORT.first_request + SHORT.message * 2;
+        let f = frontend.try_clone().unwrap();
+        let writer = std::thread::spawn(move || {
+            std::thread::sleep(quiet);
+            let m = vhost_wire::encode(FrontendReq::GET_FEATURES, VERSION_1, &[]);
+            (&f).write_all(&m).unwrap();
+        });
+        assert!(session.serve_one(), "closed after a silence");
+        writer.join().unwrap();
+        reply_u64(&frontend, FrontendReq::GET_FEATURES);
+    }
+
+    #[test]
+    fn a_frontend_that_never_spoke_is_dropped_at_the_first_request_deadline() {
+        let device = null_device();
+        let (_frontend, backend_end) = UnixStream::pair().unwrap();
+        let mut session = Session::new(&device, backend_end).unwrap();
+        session.set_deadlines(SHORT);
+        let start = Instant::now();
+        assert!(!session.serve_one());
+        let took = start.elapsed();
+        assert!(
+            took >= SHORT.first_request && took < Duration::from_secs(2),
+            "{took:?}"
+        );
+        assert!(!session.spoke);
     }
 
     #[test]

@@ -107,3 +107,22 @@ fn sockets_passed_to_another_process_or_not_listening_are_refused() {
         "{err}"
     );
 }
+
+#[test]
+fn listen_counts_of_none_garbage_or_too_many_are_refused_at_once() {
+    let dir = ScratchDir::new("counts").unwrap();
+    // None passed: nothing for us, and nothing else to serve on.
+    let (l, _) = listener(dir.path());
+    let err = refused(l, "export LISTEN_PID=$$ LISTEN_FDS=0;");
+    assert!(err.contains("--socket-path"), "{err}");
+    std::fs::remove_file(dir.join("vhost.sock")).unwrap();
+    let (l, _) = listener(dir.path());
+    let err = refused(l, "export LISTEN_PID=$$ LISTEN_FDS=many;");
+    assert!(err.contains("LISTEN_FDS=\"many\""), "{err}");
+    // The largest count a process can have: refused at descriptor 4, the first not open,
+    // rather than after marking two billion descriptors close-on-exec.
+    std::fs::remove_file(dir.join("vhost.sock")).unwrap();
+    let (l, _) = listener(dir.path());
+    let err = refused(l, "export LISTEN_PID=$$ LISTEN_FDS=2147483644;");
+    assert!(err.contains("descriptor 4 is not open"), "{err}");
+}

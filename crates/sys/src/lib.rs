@@ -3,7 +3,8 @@
 //! memory is vring's `GuestMemory::writev_to` and `readv_from`), the eventfds shared with the peer
 //! ([`peer_fd`]: checked on adoption, reads that cannot block, writes a watchdog interrupts when
 //! the peer makes them block), opening the inherited listening socket, systemd's socket activation
-//! and readiness notification ([`activation`]), and the per-thread scheduler and CPU-time readings
+//! and readiness notification ([`activation`]), a vhost-user socket looked at without reading
+//! it and a connect that does not wait ([`socket`]), and the per-thread scheduler and CPU-time readings
 //! and file-range locks used by busy polling (the board of pinned workers) and the benchmarks.
 
 use std::io;
@@ -14,6 +15,7 @@ pub mod activation;
 pub mod peer_fd;
 pub mod sandbox;
 pub mod signals;
+pub mod socket;
 pub mod tap;
 
 pub use peer_fd::PeerEventFd;

@@ -88,6 +88,15 @@ impl Usage {
     /// the handshake, so descriptors and threads must then stay unchanged for [`SETTLE`].
     pub fn settled(b: &Backend) -> Usage {
         let probe = answered_probe(b);
+        let usage = Usage::steady();
+        drop(probe);
+        usage
+    }
+
+    /// The usage once descriptors and threads have stayed unchanged for [`SETTLE`] (or after
+    /// [`SETTLE_LIMIT`]): for a backend with no listening socket to probe, a client-mode one,
+    /// whose thread the caller has stopped.
+    pub fn steady() -> Usage {
         let give_up = Instant::now() + SETTLE_LIMIT;
         let mut last = Usage::now();
         let mut since = Instant::now();
@@ -99,7 +108,6 @@ impl Usage {
             }
             last = now;
         }
-        drop(probe);
         last
     }
 }

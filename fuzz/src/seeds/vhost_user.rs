@@ -7,11 +7,13 @@
 //! the replies, the close, the chains used and the queues broken that its name promises (and
 //! every run ends with the liveness check).
 
+mod stalls;
+
 use super::{replay, write_corpus};
 use crate::encode::Encode;
 use crate::vhost_user::{
     self, code, Body, Fds, Flags, Frame, GuestOp, Hdr, Message, Port, Region, Request, Segment,
-    Size, Step, UserAddr, VhostInput, NOFD, PROTOCOL_FEATURES_BIT, SEEDS,
+    Size, Step, UserAddr, VhostInput, HEADER_LEN, NOFD, PROTOCOL_FEATURES_BIT, SEEDS,
 };
 use vnet::feature;
 use vring::Features;
@@ -359,6 +361,7 @@ fn vhost_seeds() -> Vec<VhostSeed> {
     i.tail = Some(vec![0xff; 7]);
     seeds.push(("truncated_tail", i, outcome(6, true, &replies)));
     seeds.extend(traffic_seeds());
+    seeds.extend(stalls::seeds());
     seeds
 }
 

@@ -21,8 +21,9 @@ use vmm_sys_util::eventfd::EventFd;
 use vring::memory::RegionSource;
 use vring::{Buf, DriverQueue, Features, GuestAddress, GuestMemory, QueueConfig, RingAddresses};
 
-use super::input::{Body, GuestOp, Message, Port, Region, Segment, Size};
+use super::input::{Body, Message, Port, Region, Size};
 use super::protocol::{code, NOFD};
+use super::traffic::{GuestOp, Segment};
 use super::{tx_header, Attached};
 
 /// How long [`GuestOp::Settle`] waits for the workers.

@@ -11,14 +11,19 @@
 //! kick/call/err, a socket for the backend channel) or others. Each message goes out in one
 //! `sendmsg`, then the backend handles one request. Or a step is the guest's traffic on the
 //! rings the frontend set up ([`guest`]): tx chains with any header and segmenting, rx chains of
-//! any sizes and counts, kicks, and waits for the workers. An optional tail of raw bytes ends
-//! the stream (a truncated or garbage message before the frontend hangs up). The harness
+//! any sizes and counts, kicks, and waits for the workers. A message may also go in two
+//! writes (its descriptors with either), or be cut short and the frontend stall: only part of
+//! it sent, or nothing at all as the first request (the session's gate drops the connection
+//! at its deadline, shortened to milliseconds here: [`GATE`]). An optional tail of raw bytes
+//! ends the stream (a truncated or garbage message before the frontend hangs up). The harness
 //! checks:
 //!
 //! - nothing panics, in the protocol thread or a worker, and nothing hangs (libFuzzer's
 //!   `-timeout`);
 //! - every reply the backend sends is a well-formed reply to the request just sent, at most
 //!   one per request;
+//! - a stalled request gets no reply, and the connection closes within [`STALL_LIMIT`] (the
+//!   gate's deadlines, not the layer's reads, end it);
 //! - the device state stays in bounds (active pairs in 1..=pairs);
 //! - every tx header the guest posts gets the TAP port's verdict from `check_tx` that the
 //!   spec's rules give it ([`tx_header`]);
@@ -28,37 +33,54 @@
 //!   every pair and must see a frame move both ways on each within a second.
 //!
 //! [`protocol`] holds the vhost-user numbers the harness writes and checks, [`input`] the input
-//! types and the bytes each message becomes; this file sends them and checks what comes back.
+//! types and the bytes each message becomes, [`traffic`] the guest's; this file sends them
+//! and checks what comes back.
 
 mod guest;
 mod input;
 mod live;
 mod protocol;
+mod traffic;
 mod tx_header;
 
 pub use guest::{Patience, FUZZING, SEEDS};
 pub use input::{
-    Body, Fds, Flags, Frame, GuestOp, Hdr, Message, Port, Region, Request, Segment, Size, Step,
-    UserAddr, VhostInput, MAX_NULL_FRAME, MEMFD_PAGES,
+    Body, Fds, Flags, Message, Port, Region, Request, Size, Step, UserAddr, VhostInput,
+    MAX_NULL_FRAME, MEMFD_PAGES,
 };
 pub use live::DEADLINE;
 pub use protocol::{
     code, protocol_feature, HEADER_LEN, MAX_BODY, NEED_REPLY, NOFD, PROTOCOL_FEATURES_BIT, REPLY,
     VERSION_1,
 };
+pub use traffic::{Frame, GuestOp, Hdr, Segment};
 
 use std::io::{Read, Write};
 use std::net::Shutdown;
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
+use virtnet_backend::gate::Deadlines;
 use virtnet_backend::{fuzzing, BackendConfig, Device, Session};
 use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 use vring::{GuestAddress, GuestMemory};
 
 use input::{wire, PAGE};
+
+/// The session's deadlines here: a stalled message costs an input a few milliseconds, not
+/// seconds. Whole messages never wait for them (they are sent before the backend looks), so
+/// the outcome of an input does not depend on them.
+pub const GATE: Deadlines = Deadlines {
+    first_request: Duration::from_millis(5),
+    message: Duration::from_millis(1),
+};
+
+/// How long the backend may take to drop a stalled connection: its deadlines, and room for
+/// a loaded machine.
+pub const STALL_LIMIT: Duration = Duration::from_secs(1);
 
 /// What a run did, for the seed tests.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -104,6 +126,11 @@ fn attachments(m: &Message) -> Vec<Attached> {
         Fds::None => Vec::new(),
         Fds::Eventfd => vec![eventfd()],
         Fds::Memfds(n) => (0..n % 4).map(|_| Attached::memfd()).collect(),
+        Fds::Many(n) => {
+            let e = EventFd::new(0).expect("eventfd");
+            let copy = || Attached::Eventfd(e.try_clone().expect("dup"));
+            (0..n % 64).map(|_| copy()).collect()
+        }
         Fds::Auto => match (m.request.code(), &m.body) {
             (code::SET_MEM_TABLE, Body::MemTable(r)) => {
                 r.iter().take(8).map(|_| Attached::memfd()).collect()
@@ -138,7 +165,8 @@ impl Conn {
     fn open(device: &Arc<Device>) -> Conn {
         let (frontend, backend_end) = UnixStream::pair().expect("socketpair");
         frontend.set_nonblocking(true).unwrap();
-        let session = fuzzing::open_session(device, backend_end).expect("session");
+        let mut session = fuzzing::open_session(device, backend_end).expect("session");
+        fuzzing::set_deadlines(&mut session, GATE);
         Conn { frontend, session }
     }
 
@@ -189,6 +217,66 @@ fn check_replies(bytes: &[u8], code: u32, replies: &mut Vec<u32>) {
         n += 1;
     }
     assert!(n <= 1, "{n} replies to one request {code}");
+}
+
+/// Sends `bytes` with `fds` in one write, or with `split` = (at, fds_later) in two: the first
+/// of `1 + at % (len - 1)` bytes, the descriptors with the first or the second.
+fn send(frontend: &UnixStream, bytes: &[u8], fds: &[RawFd], split: Option<(u16, bool)>) {
+    // The socket buffer holds far more than one message and its reply.
+    let put = |b: &[u8], fds: &[RawFd]| {
+        let sent = frontend.send_with_fds(&[b], fds).expect("send");
+        assert_eq!(sent, b.len());
+    };
+    match split {
+        Some((at, fds_later)) if bytes.len() > 1 => {
+            let (first, second) = bytes.split_at(1 + at as usize % (bytes.len() - 1));
+            let (f1, f2) = if fds_later {
+                (&[][..], fds)
+            } else {
+                (fds, &[][..])
+            };
+            put(first, f1);
+            put(second, f2);
+        }
+        _ => put(bytes, fds),
+    }
+}
+
+/// Sends the first `cut % len` bytes of `m` (at least one once the connection has `spoken`)
+/// with its descriptors, and nothing more: the backend must drop the connection within
+/// [`STALL_LIMIT`], without a reply.
+fn stall(c: &mut Conn, m: &Message, cut: u16, spoken: bool) {
+    let bytes = wire(m);
+    let mut n = cut as usize % bytes.len();
+    if spoken {
+        n = n.max(1);
+    }
+    let attached = attachments(m);
+    if n > 0 {
+        let fds: Vec<RawFd> = attached.iter().map(Attached::raw_fd).collect();
+        send(&c.frontend, &bytes[..n], &fds, None);
+    }
+    drop(attached);
+    let start = Instant::now();
+    assert!(
+        !c.serve(),
+        "a request cut after {n} of its {} bytes was served",
+        bytes.len()
+    );
+    let took = start.elapsed();
+    assert!(
+        took < STALL_LIMIT,
+        "a stalled connection dropped after {took:?}"
+    );
+    let (got, eof) = c.received();
+    assert!(
+        got.is_empty(),
+        "a reply to a request never whole: {got:02x?}"
+    );
+    assert!(
+        eof || c.received().1,
+        "the backend closed without closing its end"
+    );
 }
 
 /// GET_FEATURES on an open connection must answer the device's features.
@@ -242,19 +330,27 @@ pub fn run_with(input: &VhostInput, patience: Patience) -> Outcome {
     let mut guest = guest::Guest::new(&device, input.port, patience);
     let mut c = Conn::open(&device);
     for step in &input.steps {
-        let m = match step {
-            Step::Message(m) => m,
+        let (m, split) = match step {
+            Step::Message(m) => (m, None),
+            Step::Split {
+                message,
+                at,
+                fds_later,
+            } => (message, Some((*at, *fds_later))),
             Step::Guest(op) => {
                 guest.apply(&device, op);
                 continue;
+            }
+            Step::Stall { message, cut } => {
+                stall(&mut c, message, *cut, out.handled > 0);
+                out.closed = true;
+                break;
             }
         };
         let bytes = wire(m);
         let attached = attachments(m);
         let fds: Vec<RawFd> = attached.iter().map(Attached::raw_fd).collect();
-        // The socket buffer holds far more than one message and its reply.
-        let sent = c.frontend.send_with_fds(&[&bytes[..]], &fds).expect("send");
-        assert_eq!(sent, bytes.len());
+        send(&c.frontend, &bytes, &fds, split);
         guest.sent(m, attached);
         let open = c.serve();
         let (got, eof) = c.received();
