@@ -1,8 +1,9 @@
 /*
  * The cost of one blocking eventfd wake-up across two CPUs: what a driver or device that
- * sleeps for its peer's notification pays each time (docs/PERFORMANCE.md, gen's interrupt
- * mode). Two threads pinned to CPUs 0 and 1 pass a token back and forth through two
- * eventfds with blocking reads; a wake-up is half a round trip.
+ * sleeps for its peer's notification pays each time (docs/PERFORMANCE.md, "What bounds the
+ * figures"; the runs, with gen's interrupt mode, in docs/PERFORMANCE-HISTORY.md). Two threads
+ * pinned to CPUs 0 and 1 pass a token back and forth through two eventfds with blocking
+ * reads; a wake-up is half a round trip.
  *
  *   cc -O2 -pthread -o /tmp/wake-latency scripts/wake-latency.c && /tmp/wake-latency [ROUNDS]
  */

@@ -21,7 +21,8 @@ const BURST: usize = 32;
 /// Cache lines of rx buffers prefetched ahead of the copies: enough transfers in flight to
 /// hide their latency, few enough for the CPU's miss buffers. Frames longer than half of this
 /// are not prefetched: on AMD EPYC (Zen 4) vCPUs 1500 B guest rx ran 6% slower with the
-/// prefetch (docs/PERFORMANCE.md), the copy's own streaming being enough there.
+/// prefetch (docs/PERFORMANCE-HISTORY.md, 2026-11-30, the backend against DPDK's vhost PMD with
+/// PREFETCHW), the copy's own streaming being enough there.
 const PREFETCH_LINES: usize = 16;
 /// The most buffers one merged frame may take (as vhost_net's `UIO_MAXIOV` quota), and never
 /// more than the queue holds: a frame that needs more is dropped, not waited for.

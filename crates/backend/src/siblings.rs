@@ -18,7 +18,8 @@
 //!   (a thread named `virtnet-pair…`), and puts it beside this process's workers. Without it,
 //!   auto in one backend took the other's polls for contention: one backed off, waited behind
 //!   the other's polls at each wake-up, found contention again, and got a fifth of the
-//!   other's transactions (`scripts/poll-contended.sh`, docs/PERFORMANCE.md).
+//!   other's transactions (`scripts/poll-contended.sh`; docs/PERFORMANCE-HISTORY.md, 2026-12-03
+//!   14:06 and 17:04 UTC, Intel Xeon family 6 model 167).
 //!
 //! What is on the board is believed only as far as that: another process of the same user
 //! can write anything there, and the worst it can do is make this worker count some thread

@@ -7,7 +7,8 @@
 //! wakes up. When the wake-up takes longer than the device needs for that quarter, the device
 //! runs dry and waits for the driver: on a machine where a blocking wake-up costs 36 us, a
 //! 1,024-entry ring at 30 Mpps leaves 8.5 us of work at 3/4, and transmit ran at 64% of a
-//! polling driver (docs/PERFORMANCE.md).
+//! polling driver (docs/PERFORMANCE-HISTORY.md, 2026-12-05 20:43 UTC, Intel Xeon family 6
+//! model 167: the driver against DPDK virtio-user).
 //!
 //! The rule, per interrupt taken while stopped (the delay in eighths of what was in flight
 //! when the interrupt was asked for):

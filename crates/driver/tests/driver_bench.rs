@@ -1,5 +1,6 @@
 //! Driver benchmarks, run by hand (they are `#[ignore]`d and take a minute or more each); the
-//! figures go to docs/PERFORMANCE.md:
+//! runs go to docs/PERFORMANCE-HISTORY.md, and each path's latest figure to the table of
+//! docs/PERFORMANCE.md:
 //!
 //! ```text
 //! cargo test --release -p virtnet-driver --test driver_bench -- --ignored --nocapture --test-threads 1

@@ -46,7 +46,8 @@ pub const SEED_LATENCY_US: (f64, f64) = (6.50, 3.43);
 pub const FRAME: usize = 1500;
 /// The busy-poll timeout, as the seed's test set it (poll-us=100us). The off row pays about
 /// one timeout a window (4b), so a shorter one shrinks what the switch can gain: at 50 us,
-/// 1.39–1.70x against 1.82–2.25x at 100 (AMD EPYC family 26 model 2, docs/PERFORMANCE.md).
+/// 1.39–1.70x against 1.82–2.25x at 100 (AMD EPYC family 26 model 2; docs/PERFORMANCE-HISTORY.md,
+/// 2026-12-04 21:46 UTC, seed experiment 4 at a 100 us poll).
 pub const BUSY_POLL_US: u32 = 100;
 /// 4b: frames per window, a quarter of the queue (256), so a window always fits.
 pub const WINDOW: usize = 64;
