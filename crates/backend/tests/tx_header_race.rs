@@ -38,7 +38,11 @@ fn tap_rx(ns: &NetNs, tap: &str) -> u64 {
 fn scribble(mem: &GuestMemory, desc: u64, size: u16, stop: &AtomicBool) -> u64 {
     let mut passes = 0u64;
     while !stop.load(Relaxed) {
-        let value = if passes.is_multiple_of(2) { UNKNOWN_GSO } else { 0 };
+        let value = if passes.is_multiple_of(2) {
+            UNKNOWN_GSO
+        } else {
+            0
+        };
         for i in 0..size as u64 {
             let mut addr = [0u8; 8];
             mem.read(GuestAddress(desc + 16 * i), &mut addr).unwrap();
