@@ -13,7 +13,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
-use vring::{Chain, Error as RingError, GuestMemory, Segment};
+use vring::{Chain, GuestMemory, Reader, Writer};
 
 use super::error::Error;
 use super::queue::{
@@ -41,30 +41,6 @@ pub struct CtrlWorker {
     queue: Option<QueueRuntime>,
     chain: Chain,
     faults: FaultWatch,
-}
-
-/// Writes `bytes` at `offset` of the writable part of `segs`.
-fn write_at(
-    mem: &GuestMemory,
-    segs: &[Segment],
-    mut offset: u64,
-    mut bytes: &[u8],
-) -> Result<(), RingError> {
-    for s in segs {
-        if bytes.is_empty() {
-            break;
-        }
-        if offset >= s.len as u64 {
-            offset -= s.len as u64;
-            continue;
-        }
-        let n = bytes.len().min((s.len as u64 - offset) as usize);
-        let at = vring::GuestAddress(s.addr.0 + offset);
-        mem.write(at, &bytes[..n])?;
-        bytes = &bytes[n..];
-        offset = 0;
-    }
-    Ok(())
 }
 
 /// Handles the commands pending on the control queue `q`, at most [`CTRL_WEIGHT`]; returns how
@@ -214,11 +190,11 @@ impl CtrlWorker {
         };
         let segs = chain.writable();
         if let Ok(Some(r)) = &reply {
-            if let Err(e) = write_at(mem, segs, 0, r) {
+            if let Err(e) = Writer::new(mem, segs).write_all(r) {
                 return (0, Some(e.to_string()));
             }
         }
-        if let Err(e) = write_at(mem, segs, writable - 1, &[ack]) {
+        if let Err(e) = Writer::at(mem, segs, writable - 1).and_then(|mut w| w.write_all(&[ack])) {
             return (0, Some(e.to_string()));
         }
         // The chain's writable size is bounded by the engine's total-length check (u32).
@@ -230,12 +206,9 @@ impl CtrlWorker {
             return Err(format!("command of {} bytes", chain.readable_len()));
         }
         let mut buf = vec![0u8; chain.readable_len() as usize];
-        let mut at = 0;
-        for s in chain.readable() {
-            mem.read(s.addr, &mut buf[at..at + s.len as usize])
-                .map_err(|e| e.to_string())?;
-            at += s.len as usize;
-        }
+        Reader::new(mem, chain.readable())
+            .read_exact(&mut buf)
+            .map_err(|e| e.to_string())?;
         CtrlCommand::decode(&buf).map_err(|e| e.to_string())
     }
 

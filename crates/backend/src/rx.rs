@@ -9,7 +9,9 @@ use std::collections::VecDeque;
 use std::io;
 
 use vnet::feature;
-use vring::{Chain, DeviceQueue, Error as RingError, GuestMemory, Segment, MAX_IOVECS};
+use vring::{
+    Chain, DeviceQueue, Error as RingError, GuestMemory, Reader, Segment, Writer, MAX_IOVECS,
+};
 
 use super::error::Error;
 use super::queue::{break_queue, QueueRuntime};
@@ -288,7 +290,9 @@ impl RxPath {
         let in_guest = (n as u64).min(self.posted_bytes) as usize;
         let mut dst = [0u8; 6];
         let dst_len = in_guest.saturating_sub(hdr_len).min(6);
-        read_at(rx.queue.memory(), &self.segs, hdr_len, &mut dst[..dst_len])?;
+        let mut r = Reader::new(rx.queue.memory(), &self.segs);
+        r.skip(hdr_len as u64)?;
+        r.read_exact(&mut dst[..dst_len])?;
         if !shared.accepts(&dst[..dst_len]) {
             rx.counters.filtered.add(1);
             // The bytes landed in buffers that stay posted: marked all the same, so that
@@ -319,7 +323,7 @@ impl RxPath {
             // num_buffers: the TAP leaves those two bytes unwritten. 1 without MRG_RXBUF.
             let count = (used as u16).to_le_bytes();
             let at = vnet::NUM_BUFFERS_OFFSET as usize;
-            write_at(rx.queue.memory(), &self.segs, at, &count)?;
+            Writer::at(rx.queue.memory(), &self.segs, at as u64)?.write_all(&count)?;
         }
         let mut left = n as u64;
         for i in 0..used {
@@ -481,7 +485,7 @@ fn deliver(
     // stores to shared memory to drain, once per frame (measured: most of the rx path's time).
     let mut rest: &[u8] = frame;
     for (i, c) in chains[..used].iter().enumerate() {
-        let n = write_chain(rx.queue.memory(), c, rest)?;
+        let n = Writer::new(rx.queue.memory(), c.writable()).write(rest)?;
         rest = &rest[n..];
         add_frame_buffer(&mut rx.queue, c, n as u32, i + 1 == used)?;
     }
@@ -521,84 +525,12 @@ fn post_overflow(
         if c.writable_len() == 0 {
             return Err(RingError::NoWritableBytes { head: c.head() });
         }
-        let k = write_chain(rx.queue.memory(), &c, over)?;
+        let k = Writer::new(rx.queue.memory(), c.writable()).write(over)?;
         over = &over[k..];
         added.push(c);
     }
     posted.extend(added);
     Ok(true)
-}
-
-/// The address `skip` bytes into segment `s`.
-fn offset(s: &Segment, skip: u64) -> Result<vring::GuestAddress, RingError> {
-    s.addr
-        .checked_add(skip)
-        .ok_or(RingError::AddressOutOfRange {
-            addr: s.addr.0,
-            len: s.len as u64,
-        })
-}
-
-/// Copies bytes `at..at + buf.len()` of the frame in `segs` into `buf`.
-fn read_at(
-    mem: &GuestMemory,
-    segs: &[Segment],
-    at: usize,
-    buf: &mut [u8],
-) -> Result<(), RingError> {
-    let mut skip = at as u64;
-    let mut done = 0;
-    for s in segs {
-        if done == buf.len() {
-            break;
-        }
-        let len = s.len as u64;
-        if skip >= len {
-            skip -= len;
-            continue;
-        }
-        let k = ((len - skip) as usize).min(buf.len() - done);
-        mem.read(offset(s, skip)?, &mut buf[done..done + k])?;
-        done += k;
-        skip = 0;
-    }
-    Ok(())
-}
-
-/// Copies `data` over bytes `at..` of the frame in `segs`.
-fn write_at(mem: &GuestMemory, segs: &[Segment], at: usize, data: &[u8]) -> Result<(), RingError> {
-    let mut skip = at as u64;
-    let mut data = data;
-    for s in segs {
-        if data.is_empty() {
-            break;
-        }
-        let len = s.len as u64;
-        if skip >= len {
-            skip -= len;
-            continue;
-        }
-        let k = ((len - skip) as usize).min(data.len());
-        mem.write(offset(s, skip)?, &data[..k])?;
-        data = &data[k..];
-        skip = 0;
-    }
-    Ok(())
-}
-
-/// Copies `data` into the writable segments of `chain`; returns the bytes written.
-fn write_chain(mem: &GuestMemory, chain: &Chain, mut data: &[u8]) -> Result<usize, RingError> {
-    let mut n = 0;
-    for s in chain.writable() {
-        if data.is_empty() {
-            break;
-        }
-        let k = data.len().min(s.len as usize);
-        mem.write(s.addr, &data[..k])?;
-        data = &data[k..];
-        n += k;
-    }
-    Ok(n)
 }
 
 #[cfg(test)]

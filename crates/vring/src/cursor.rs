@@ -6,6 +6,9 @@
 //! - [`Reader`]: copies bytes out of guest memory from the front of a [`Tail`], once each: a
 //!   value read through it (a virtio-net header, say) is a copy in this process, which the
 //!   caller checks and then uses, never the guest's bytes read a second time.
+//! - [`Writer`]: copies bytes into a chain's writable segments in order, from this process
+//!   or straight from another chain (a [`Reader`] on another guest's memory: one copy between
+//!   two guests, as a switch forwards a frame).
 //! - [`Gather`]: what one vectored write takes, a head of this process's bytes (such a checked
 //!   copy) then a [`Tail`] of guest memory (`GuestMemory::writev_gather`, `writev_batch`).
 
@@ -111,6 +114,12 @@ impl<'m, 'a> Reader<'m, 'a> {
         self.tail
     }
 
+    /// Skips the next `n` bytes; fails with [`Error::ShortChain`] (and skips nothing) when
+    /// fewer are left.
+    pub fn skip(&mut self, n: u64) -> Result<(), Error> {
+        self.tail.advance(n)
+    }
+
     /// Copies the next `buf.len()` bytes into `buf`. When fewer are left, fails with
     /// [`Error::ShortChain`] and reads nothing; a segment outside memory (the memory changed
     /// since the chain was popped) fails with the memory's error.
@@ -132,6 +141,98 @@ impl<'m, 'a> Reader<'m, 'a> {
             at += n;
         }
         self.tail.advance(buf.len() as u64)
+    }
+}
+
+/// Writes into a chain's bytes in order (its writable segments, say), each byte once.
+#[derive(Debug)]
+pub struct Writer<'m, 'a> {
+    mem: &'m GuestMemory,
+    tail: Tail<'a>,
+    written: u64,
+}
+
+impl<'m, 'a> Writer<'m, 'a> {
+    /// A writer at the first byte of `segs` in `mem`.
+    pub fn new(mem: &'m GuestMemory, segs: &'a [Segment]) -> Writer<'m, 'a> {
+        Writer {
+            mem,
+            tail: Tail::new(segs),
+            written: 0,
+        }
+    }
+
+    /// A writer at byte `at` of `segs`; fails with [`Error::ShortChain`] when they hold fewer.
+    pub fn at(mem: &'m GuestMemory, segs: &'a [Segment], at: u64) -> Result<Writer<'m, 'a>, Error> {
+        Ok(Writer {
+            mem,
+            tail: Tail::after(segs, at)?,
+            written: 0,
+        })
+    }
+
+    /// Room left.
+    pub fn remaining(&self) -> u64 {
+        self.tail.len()
+    }
+
+    /// Bytes written through this writer.
+    pub fn written(&self) -> u64 {
+        self.written
+    }
+
+    /// Copies as much of `buf` as there is room for; returns how much that was.
+    pub fn write(&mut self, buf: &[u8]) -> Result<usize, Error> {
+        let n = (buf.len() as u64).min(self.tail.len()) as usize;
+        let mut at = 0;
+        for s in self.tail.iter() {
+            if at == n {
+                break;
+            }
+            let k = (s.len as usize).min(n - at);
+            self.mem.write(s.addr, &buf[at..at + k])?;
+            at += k;
+        }
+        self.tail.advance(n as u64)?;
+        self.written += n as u64;
+        Ok(n)
+    }
+
+    /// Copies all of `buf`; fails with [`Error::ShortChain`] (and writes nothing) when there
+    /// is not room for it.
+    pub fn write_all(&mut self, buf: &[u8]) -> Result<(), Error> {
+        let left = self.tail.len();
+        if buf.len() as u64 > left {
+            return Err(Error::ShortChain {
+                wanted: buf.len() as u64,
+                left,
+            });
+        }
+        self.write(buf).map(|_| ())
+    }
+
+    /// Copies up to `n` bytes from `src` (another chain, in its own memory) straight into
+    /// this one, as many as both have; returns how many. The one copy of a frame from one
+    /// guest's buffers into another's.
+    pub fn copy_from(&mut self, src: &mut Reader<'_, '_>, n: u64) -> Result<u64, Error> {
+        let n = n.min(self.tail.len()).min(src.tail.len());
+        let mut done = 0u64;
+        while done < n {
+            let (Some(d), Some(s)) = (self.tail.iter().next(), src.tail.iter().next()) else {
+                break;
+            };
+            // The next piece: what is left of the current segment on both sides.
+            let k = (d.len as u64).min(s.len as u64).min(n - done);
+            if k > 0 {
+                src.mem.copy_to(s.addr, self.mem, d.addr, k as usize)?;
+            }
+            // (A segment of no bytes on either side makes `k` 0: advancing drops it.)
+            self.tail.advance(k)?;
+            src.tail.advance(k)?;
+            done += k;
+        }
+        self.written += done;
+        Ok(done)
     }
 }
 
@@ -246,5 +347,69 @@ mod tests {
             Err(Error::ShortChain { wanted: 3, left: 2 })
         );
         assert_eq!(r.remaining(), 2, "a failed read consumes nothing");
+    }
+
+    #[test]
+    fn a_writer_fills_segments_in_order_and_reports_what_fit() {
+        let mem = GuestMemory::anonymous(&[(GuestAddress(0), 0x10000)]).unwrap();
+        let segs = [seg(0x1000, 3), seg(0x2000, 4)];
+        let mut w = Writer::new(&mem, &segs);
+        assert_eq!(w.write(b"abcde").unwrap(), 5);
+        assert_eq!(w.write(b"XYZ").unwrap(), 2, "only two bytes of room left");
+        assert_eq!(w.written(), 7);
+        assert_eq!(w.remaining(), 0);
+        let mut back = [0u8; 7];
+        Reader::new(&mem, &segs).read_exact(&mut back).unwrap();
+        assert_eq!(&back, b"abcdeXY");
+        // At an offset, across the boundary; too much: nothing written.
+        let mut w = Writer::at(&mem, &segs, 2).unwrap();
+        w.write_all(b"12").unwrap();
+        assert_eq!(
+            w.write_all(b"6789"),
+            Err(Error::ShortChain { wanted: 4, left: 3 })
+        );
+        Reader::new(&mem, &segs).read_exact(&mut back).unwrap();
+        assert_eq!(&back, b"ab12eXY");
+        assert!(Writer::at(&mem, &segs, 8).is_err());
+    }
+
+    #[test]
+    fn copy_from_moves_bytes_between_two_memories_across_unaligned_segments() {
+        let a = GuestMemory::anonymous(&[(GuestAddress(0), 0x10000)]).unwrap();
+        let b = GuestMemory::anonymous(&[(GuestAddress(0x40000), 0x10000)]).unwrap();
+        let frame: Vec<u8> = (0..50u8).collect();
+        let src = [seg(0x1000, 7), seg(0x3000, 0), seg(0x2000, 43)];
+        Writer::new(&a, &src).write_all(&frame).unwrap();
+        let dst = [seg(0x41000, 20), seg(0x42000, 11), seg(0x43000, 64)];
+        let mut r = Reader::new(&a, &src);
+        r.skip(5).unwrap();
+        let mut w = Writer::new(&b, &dst);
+        w.write_all(b"hdr").unwrap();
+        assert_eq!(w.copy_from(&mut r, 40).unwrap(), 40);
+        assert_eq!(r.remaining(), 5);
+        // What is left of the source, more than asked: only what there is.
+        assert_eq!(w.copy_from(&mut r, 100).unwrap(), 5);
+        assert_eq!(w.written(), 48);
+        let mut got = [0u8; 48];
+        Reader::new(&b, &dst).read_exact(&mut got).unwrap();
+        assert_eq!(&got[..3], b"hdr");
+        assert_eq!(&got[3..], &frame[5..]);
+    }
+
+    #[test]
+    fn copy_from_memory_shared_with_itself_is_a_move() {
+        // Two memories may map the same file (a frontend may send one file twice): a copy
+        // whose source and destination overlap must still give the source's bytes.
+        let mem = GuestMemory::memfd(&[(GuestAddress(0), 0x4000)]).unwrap();
+        let data: Vec<u8> = (0..100u8).collect();
+        mem.write(GuestAddress(0x1000), &data).unwrap();
+        let src = [seg(0x1000, 100)];
+        let dst = [seg(0x1010, 100)];
+        let mut r = Reader::new(&mem, &src);
+        let mut w = Writer::new(&mem, &dst);
+        assert_eq!(w.copy_from(&mut r, 100).unwrap(), 100);
+        let mut got = [0u8; 100];
+        mem.read(GuestAddress(0x1010), &mut got).unwrap();
+        assert_eq!(&got[..], &data[..]);
     }
 }

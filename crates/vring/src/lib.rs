@@ -10,7 +10,8 @@
 //! - [`DriverQueue`]: add chains (direct or indirect), kick decisions, reclaim, callbacks.
 //! - [`PollPace`]: how soon a device that keeps finding a little work looks again.
 //! - [`cursor`]: a chain's bytes as one stream: [`Reader`] copies them out once each,
-//!   [`Tail`] is what is left, [`Gather`] a checked copy followed by a tail, to write.
+//!   [`Writer`] copies into them (from this process, or from another chain), [`Tail`] is what
+//!   is left, [`Gather`] a checked copy followed by a tail, to write.
 //!
 //! The crate starts no threads and opens no files: kicks and calls are the caller's business.
 //! Mapping a peer's files ([`GuestMemory::from_sources`]) installs a SIGBUS handler, once, so
@@ -39,7 +40,7 @@ mod testutil;
 
 pub use chain::{Chain, Segment, MAX_CHAIN_SEGMENTS};
 pub use config::QueueConfig;
-pub use cursor::{Gather, Reader, Tail};
+pub use cursor::{Gather, Reader, Tail, Writer};
 pub use device::{DeviceQueue, DeviceStats, DEFAULT_USED_BATCH};
 pub use driver::{Buf, DriverQueue, DriverStats, IndirectArea};
 pub use error::{Error, ErrorKind};

@@ -204,6 +204,26 @@ impl GuestMemory {
         let _ = (r, off);
     }
 
+    /// Copies `len` bytes at `src` of this memory to `dst` of `to` (another guest's memory, or
+    /// this one): the one copy of a frame forwarded from one guest's buffers into another's.
+    /// The two ranges may overlap (two memories may map the same file).
+    pub fn copy_to(
+        &self,
+        src: GuestAddress,
+        to: &GuestMemory,
+        dst: GuestAddress,
+        len: usize,
+    ) -> Result<(), Error> {
+        let from = self.host_span(src, len)?;
+        let into = to.host_span(dst, len)?;
+        // SAFETY: `host_span` checked that each span lies inside a live mapping of its memory,
+        // which the borrows keep alive for the call. `ptr::copy` allows the spans to overlap.
+        // The peers may write either meanwhile: the copy then holds whatever was there, which
+        // callers treat as payload.
+        unsafe { std::ptr::copy(from.ptr, into.ptr, len) };
+        Ok(())
+    }
+
     /// Copies `buf` into guest memory at `addr`.
     #[inline]
     pub fn write(&self, addr: GuestAddress, buf: &[u8]) -> Result<(), Error> {

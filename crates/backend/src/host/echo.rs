@@ -1,7 +1,7 @@
 //! The `echo` port: each guest tx frame comes back on guest rx, header and all. Guest tx
 //! waits while rx has no room, so nothing is lost between the two.
 
-use vring::{Chain, Error as RingError, GuestMemory};
+use vring::{Chain, Error as RingError, GuestMemory, Reader};
 
 use super::{Host, Received, Sent};
 use crate::rx::{Delivery, RxPath};
@@ -36,7 +36,9 @@ impl Host for EchoPort {
         rx: &mut RxPath,
         shared: &Shared,
     ) -> Result<Sent, RingError> {
-        let n = read_chain(mem, chain, &mut self.bounce)?;
+        // The frame, cut at the bounce buffer's size.
+        let n = (chain.readable_len() as usize).min(self.bounce.len());
+        Reader::new(mem, chain.readable()).read_exact(&mut self.bounce[..n])?;
         match rx.deliver(shared, &mut self.bounce[..n]) {
             Ok(Delivery::Delivered) => {
                 let hdr_len = rx.hdr_len();
@@ -64,20 +66,6 @@ impl Host for EchoPort {
     fn has_frames(&self) -> bool {
         false
     }
-}
-
-/// Copies the readable part of `chain` into `buf`; returns the bytes copied.
-fn read_chain(mem: &GuestMemory, chain: &Chain, buf: &mut [u8]) -> Result<usize, RingError> {
-    let mut n = 0;
-    for s in chain.readable() {
-        let k = (s.len as usize).min(buf.len() - n);
-        mem.read(s.addr, &mut buf[n..n + k])?;
-        n += k;
-        if n == buf.len() {
-            break;
-        }
-    }
-    Ok(n)
 }
 
 #[cfg(test)]
