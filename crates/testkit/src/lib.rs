@@ -1,6 +1,8 @@
 //! Test scaffolding shared by the crates' tests (a dev-dependency only, never shipped).
 //!
-//! - [`pair`]: a driver queue and a device queue on one virtqueue in one memory;
+//! - [`pair`]: a driver queue and a device queue on one virtqueue in one memory, and guest
+//!   memory in a file on /dev/shm: the crate `vring-testkit`, re-exported (vring's tests use
+//!   it directly, so that they build neither the backend nor the driver);
 //! - [`baseline`]: rust-vmm virtio-queue as a device engine for the bench harnesses;
 //! - [`inproc`]: an in-process backend on a unix socket and our driver connected to it;
 //! - [`raw`]: a frontend sending vhost-user requests one by one (memory regions, dirty
@@ -31,7 +33,6 @@ pub mod image;
 pub mod inproc;
 pub mod netns;
 pub mod packages;
-pub mod pair;
 // Child processes that die with the test: prctl in pre_exec.
 #[allow(unsafe_code)]
 pub mod process;
@@ -39,7 +40,8 @@ pub mod raw;
 pub mod recovery;
 pub mod testpmd;
 
-pub use pair::{pair, Pair, DATA_BASE, INDIRECT_BASE, MEM_SIZE, RING_BASE};
+pub use vring_testkit as pair;
+pub use vring_testkit::{pair, Pair, DATA_BASE, INDIRECT_BASE, MEM_SIZE, RING_BASE};
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};

@@ -3,8 +3,8 @@
 //! it came from; the same bytes are in `fuzz/corpus/<target>/regression-<name>`, which the fuzz
 //! crate's `cargo test` replays through the harness.
 
-use testkit::{pair, Pair};
 use vring::{Error, Features};
+use vring_testkit::{pair, Pair};
 
 /// driver_queue: with INDIRECT_DESC and an indirect area of 16 entries per head, a queue of 8
 /// put a chain of 16 buffers (8 out, 8 in) into one indirect table. Spec 2.7.5.3.1 forbids a

@@ -1,9 +1,15 @@
-//! A driver queue and a device queue on one virtqueue in one anonymous memory, the way a
-//! guest and a device share a ring.
+//! Ring-level test scaffolding (a dev-dependency only, never shipped): a driver queue and a
+//! device queue on one virtqueue in one anonymous memory, the way a guest and a device share a
+//! ring ([`pair`]), and guest memory in a file on /dev/shm ([`shm_memory`]).
 //!
+//! It depends on vring alone, so that vring's integration tests build nothing else; `testkit`
+//! re-exports it as `testkit::pair` for the tests that need the backend and the driver too.
 //! vring's own unit tests keep a copy of their own (`vring/src/testutil.rs`): a crate's unit
 //! tests cannot use a crate that depends on the crate under test.
 
+#![forbid(unsafe_code)]
+
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
 use vring::{
@@ -24,7 +30,7 @@ pub const MEM_SIZE: usize = 0x40_0000;
 /// (what QEMU's `memory-backend-file` makes), mapped as a backend maps a frontend's, with user
 /// address `user_addr`; and the file, for a test to shrink it. The file is unlinked at once.
 pub fn shm_memory(tag: &str, len: u64, user_addr: u64) -> (std::fs::File, GuestMemory) {
-    let path = format!("/dev/shm/{}", crate::unique_name(tag));
+    let path = shm_path(tag);
     let file = std::fs::File::options()
         .read(true)
         .write(true)
@@ -43,6 +49,18 @@ pub fn shm_memory(tag: &str, len: u64, user_addr: u64) -> (std::fs::File, GuestM
     };
     let mem = GuestMemory::from_sources(vec![source]).expect("mapping");
     (file, mem)
+}
+
+/// `/dev/shm/vring-testkit-<tag>-<pid>-<n>`: a path no other test of this process or of a
+/// concurrent one opens. The file lives only until [`shm_memory`] unlinks it.
+fn shm_path(tag: &str) -> String {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    assert!(
+        !tag.is_empty() && tag.chars().all(|c| c.is_ascii_lowercase()),
+        "tag {tag:?}: lowercase letters only"
+    );
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    format!("/dev/shm/vring-testkit-{tag}-{}-{n}", std::process::id())
 }
 
 /// A driver and a device on one queue in one memory.
