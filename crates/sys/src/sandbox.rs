@@ -37,7 +37,18 @@ use seccompiler::{
 ///   fault outside guest memory on), sigaltstack and exit (a thread ending), nanosleep and
 ///   clock_nanosleep (the control-queue benchmark's slow device), gettid, getpid;
 /// - ioctl, for TUNSETQUEUE only (the control queue's VQ_PAIRS_SET attaches and detaches TAP
-///   queues), and fcntl for F_GETFD only (added by `worker_filter`).
+///   queues); fcntl, for F_GETFD only (the standard library's debug builds check that an fd
+///   is open before closing it); getsockopt, for SOL_SOCKET / SO_ERROR only (a host port's fd
+///   that reports EPOLLERR: `error_persists` takes a socket's pending error, and a deleted
+///   TAP's fd refuses the option with ENOTSOCK). These three are added by `worker_filter`,
+///   each with its arguments.
+///
+/// Keeping it complete: every worker path a test reaches runs under this filter (the
+/// backend's `BackendConfig::seccomp` is on by default, in its unit and integration tests
+/// too), so a call missing here kills the test process with SIGSYS; a new path is traced with
+/// strace first. A call goes here only with the path that needs it named above, and
+/// restricted by argument where the call can do more than that path needs (docs/
+/// ARCHITECTURE.md, "Least privilege", has the method).
 pub const WORKER_SYSCALLS: &[libc::c_long] = &[
     libc::SYS_read,
     libc::SYS_write,
@@ -79,28 +90,25 @@ pub const WORKER_SYSCALLS: &[libc::c_long] = &[
 fn worker_filter() -> io::Result<BpfProgram> {
     let mut rules: BTreeMap<i64, Vec<SeccompRule>> =
         WORKER_SYSCALLS.iter().map(|&nr| (nr, vec![])).collect();
-    let tunsetqueue = SeccompCondition::new(
-        1,
-        SeccompCmpArgLen::Dword,
-        SeccompCmpOp::Eq,
-        libc::TUNSETQUEUE,
-    )
-    .map_err(io::Error::other)?;
+    let tunsetqueue = arg_is(1, libc::TUNSETQUEUE)?;
     rules.insert(
         libc::SYS_ioctl,
         vec![SeccompRule::new(vec![tunsetqueue]).map_err(io::Error::other)?],
     );
     // F_GETFD: the standard library's debug builds check that an fd is open before closing it.
-    let getfd = SeccompCondition::new(
-        1,
-        SeccompCmpArgLen::Dword,
-        SeccompCmpOp::Eq,
-        libc::F_GETFD as u64,
-    )
-    .map_err(io::Error::other)?;
+    let getfd = arg_is(1, libc::F_GETFD as u64)?;
     rules.insert(
         libc::SYS_fcntl,
         vec![SeccompRule::new(vec![getfd]).map_err(io::Error::other)?],
+    );
+    // SOL_SOCKET / SO_ERROR: reading a socket's pending error after EPOLLERR (`error_persists`).
+    let so_error = vec![
+        arg_is(1, libc::SOL_SOCKET as u64)?,
+        arg_is(2, libc::SO_ERROR as u64)?,
+    ];
+    rules.insert(
+        libc::SYS_getsockopt,
+        vec![SeccompRule::new(so_error).map_err(io::Error::other)?],
     );
     let arch = std::env::consts::ARCH
         .try_into()
@@ -115,9 +123,24 @@ fn worker_filter() -> io::Result<BpfProgram> {
     filter.try_into().map_err(io::Error::other)
 }
 
-/// Allows the calling thread only [`WORKER_SYSCALLS`] (and TUNSETQUEUE ioctls) from now on;
-/// sets `no_new_privs` for it, as seccomp requires without CAP_SYS_ADMIN.
+/// A rule condition: argument `index` (its low 32 bits, as the kernel takes an int there)
+/// equals `value`.
+fn arg_is(index: u8, value: u64) -> io::Result<SeccompCondition> {
+    SeccompCondition::new(index, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, value)
+        .map_err(io::Error::other)
+}
+
+/// Allows the calling thread only [`WORKER_SYSCALLS`] (and the three calls restricted by
+/// argument) from now on; sets `no_new_privs` for it, as seccomp requires without
+/// CAP_SYS_ADMIN.
+///
+/// First it makes sure the peer-fd watchdog runs (`peer_fd::prepare_watchdog`): a filtered
+/// thread may neither start a thread nor install a signal handler, which its first peer-fd
+/// write would otherwise do. A device starts the watchdog before its workers, so that the
+/// watchdog is no worker's child (a pinned worker's affinity would be its); this is for
+/// callers that run a worker alone.
 pub fn restrict_thread() -> io::Result<()> {
+    crate::peer_fd::prepare_watchdog()?;
     let program = worker_filter()?;
     seccompiler::apply_filter(&program).map_err(io::Error::other)
 }
@@ -215,26 +238,82 @@ mod tests {
     }
 
     #[test]
+    fn a_restricted_thread_takes_a_socket_error_and_sees_a_pipe_in_error() {
+        use std::net::UdpSocket;
+        use std::os::fd::AsRawFd;
+        // A UDP socket whose datagram went to a closed port: ICMP port unreachable leaves
+        // ECONNREFUSED pending (EPOLLERR), which reading SO_ERROR clears.
+        let closed = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let port = closed.local_addr().unwrap().port();
+        drop(closed);
+        let udp = UdpSocket::bind("127.0.0.1:0").unwrap();
+        udp.connect(("127.0.0.1", port)).unwrap();
+        udp.send(b"x").unwrap();
+        let pending = std::time::Instant::now();
+        while crate::revents_now(udp.as_raw_fd(), 0) & libc::POLLERR == 0 {
+            assert!(pending.elapsed().as_secs() < 5, "no error pending");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        // A pipe whose reader is gone: an error for good on its write end.
+        let (rd, wr) = std::io::pipe().unwrap();
+        drop(rd);
+        std::thread::spawn(move || {
+            restrict_thread().unwrap();
+            // The socket's error is taken (getsockopt SOL_SOCKET/SO_ERROR passes the
+            // filter); the pipe's stays (the kernel refuses SO_ERROR on it: ENOTSOCK).
+            let socket_error = crate::error_persists(udp.as_raw_fd());
+            let pipe_error = crate::error_persists(wr.as_raw_fd());
+            (socket_error, pipe_error)
+        })
+        .join()
+        .map(|errors| assert_eq!(errors, (false, true)))
+        .unwrap();
+    }
+
+    /// A call a filtered thread may not make, by name (run in a child process, which it kills).
+    fn forbidden(case: &str) -> libc::c_int {
+        let (mut value, mut len) = (0 as libc::c_int, 4 as libc::socklen_t);
+        match case {
+            // SAFETY: socket takes integer arguments only.
+            "socket" => unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_STREAM, 0) },
+            // Another option than SO_ERROR.
+            // SAFETY: `value` and `len` are valid for writes of the sizes given.
+            "getsockopt" => unsafe {
+                libc::getsockopt(
+                    0,
+                    libc::SOL_SOCKET,
+                    libc::SO_RCVBUF,
+                    (&mut value as *mut libc::c_int).cast(),
+                    &mut len,
+                )
+            },
+            // SAFETY: F_SETFL takes an int and touches no memory.
+            "fcntl" => unsafe { libc::fcntl(0, libc::F_SETFL, 0) },
+            _ => unreachable!("no case {case}"),
+        }
+    }
+
+    #[test]
     fn a_system_call_outside_the_list_kills_the_process() {
         // In a child process: the filter's action is to kill it.
         let exe = std::env::current_exe().unwrap();
-        if std::env::var_os("VIRTNET_SANDBOX_CHILD").is_some() {
+        if let Some(case) = std::env::var_os("VIRTNET_SANDBOX_CHILD") {
             restrict_thread().unwrap();
-            // socket(2) is not in the list.
-            // SAFETY: socket takes integer arguments only.
-            let _ = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_STREAM, 0) };
-            std::process::exit(0); // Not reached.
+            let r = forbidden(case.to_str().unwrap());
+            std::process::exit(r); // Not reached.
         }
-        let out = std::process::Command::new(exe)
-            .args([
-                "--exact",
-                "sandbox::tests::a_system_call_outside_the_list_kills_the_process",
-                "--nocapture",
-            ])
-            .env("VIRTNET_SANDBOX_CHILD", "1")
-            .output()
-            .unwrap();
-        use std::os::unix::process::ExitStatusExt;
-        assert_eq!(out.status.signal(), Some(libc::SIGSYS), "{out:?}");
+        for case in ["socket", "getsockopt", "fcntl"] {
+            let out = std::process::Command::new(&exe)
+                .args([
+                    "--exact",
+                    "sandbox::tests::a_system_call_outside_the_list_kills_the_process",
+                    "--nocapture",
+                ])
+                .env("VIRTNET_SANDBOX_CHILD", case)
+                .output()
+                .unwrap();
+            use std::os::unix::process::ExitStatusExt;
+            assert_eq!(out.status.signal(), Some(libc::SIGSYS), "{case}: {out:?}");
+        }
     }
 }
