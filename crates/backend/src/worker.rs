@@ -819,6 +819,11 @@ mod tests {
         assert!(testkit::eventually(Duration::from_secs(5), || {
             counters.host_pushback.get() > 0
         }));
+        assert_eq!(
+            testkit::inproc::thread_seccomp(name),
+            [2],
+            "under the filter"
+        );
         let ticks = testkit::inproc::thread_cpu_ticks(name);
         std::thread::sleep(Duration::from_millis(300));
         assert!(
