@@ -611,7 +611,11 @@ impl<H: Host> Worker<H> {
     /// busy polling, and a tx frame waiting for the port is tried again (and dropped).
     #[cold]
     fn unwatch_host(&mut self) {
-        tracing::warn!("the host port's fd reports an error; no longer watched");
+        tracing::warn!(
+            pair = self.pair,
+            "the host port's fd reports an error; no longer watched"
+        );
+        self.queues().for_each(|q| q.counters.host_errors.add(1));
         if let Some(fd) = self.host.fd() {
             let _ = self
                 .epoll
@@ -897,6 +901,7 @@ mod tests {
             c.packets, FRAMES as u64,
             "tx frames kept on the ring for good"
         );
+        assert_eq!(c.host_errors, 1, "the port's error counted once");
         drop(worker);
     }
 }
