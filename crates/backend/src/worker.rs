@@ -298,6 +298,9 @@ impl<H: Host> Worker<H> {
     fn handle_tx(&mut self) -> Turn {
         let mut turn = Turn::default();
         let Some(tx) = self.tx.as_mut().filter(|q| q.usable()) else {
+            // Broken while it waited (a call write interrupted, its memory faulted): it waits
+            // for nothing now, and a writable port, still watched, would wake us for ever.
+            self.tx_waits_host = false;
             return turn;
         };
         if self.tx_waits_host {
@@ -859,6 +862,59 @@ mod tests {
             "pushed back {} times",
             c.host_pushback
         );
+        drop(worker);
+    }
+
+    /// tx breaks while frames wait for the host (here the frontend made the call eventfd
+    /// block: the worker's call after the frames it took is interrupted and breaks tx; a
+    /// memory file shrunk under the ring breaks it the same way). Once the host drains, the
+    /// worker must not go on waiting for it: the port's fd, writable and watched for that
+    /// (level-triggered), woke it at once, for ever, and busy polling took it for work. And a
+    /// stop still answers, with the frames left on the ring.
+    #[test]
+    fn tx_broken_while_frames_wait_for_the_host_does_not_spin_once_the_host_drains() {
+        const FRAMES: u32 = 100;
+        let (mut rd, wr) = pipe();
+        let shared = Arc::new(shared());
+        let s = setup_sized(QueueId::Tx(0), Features::VERSION_1, 256);
+        let (mut driver, mem, counters) = (s.driver, s.mem, s.runtime.counters.clone());
+        for i in 0..FRAMES {
+            let addr = testkit::Pair::buf(i as u64, 2000);
+            mem.write(addr.addr, &[0u8; vnet::HDR_LEN]).unwrap();
+            driver.add(&[addr], &[], i).unwrap();
+        }
+        // The frontend clears O_NONBLOCK on the call eventfd it shares and fills the counter.
+        let call = s.runtime.call.as_ref().unwrap();
+        virtnet_sys::set_nonblocking(call.as_fd(), false).unwrap();
+        call.to_eventfd().unwrap().write(u64::MAX - 1).unwrap();
+        let name = "t-waits-broken";
+        let wake = vmm_sys_util::eventfd::EventFd::new(libc::EFD_NONBLOCK).unwrap();
+        let worker = WorkerHandle::spawn(name.into(), wake, move |inbox| {
+            let port = PipePort::new(wr, false);
+            Worker::new(0, port, shared, inbox).unwrap().run().unwrap();
+        })
+        .unwrap();
+        worker.start(s.runtime);
+        let broken = || counters.broken_reason().is_some();
+        assert!(testkit::eventually(Duration::from_secs(5), broken));
+        let reason = counters.broken_reason().unwrap();
+        assert!(reason.contains("call eventfd"), "{reason}");
+        let c = counters.snapshot();
+        assert!(c.host_pushback > 0 && c.packets < FRAMES as u64, "{c:?}");
+        // The host drains: its fd is writable from now on.
+        let mut buf = vec![0u8; 1 << 16];
+        while rd.read(&mut buf).is_ok_and(|n| n > 0) {}
+        std::thread::sleep(Duration::from_millis(50));
+        let ticks = testkit::inproc::thread_cpu_ticks(name);
+        std::thread::sleep(Duration::from_millis(300));
+        let spun = testkit::inproc::thread_cpu_ticks(name) - ticks;
+        assert!(spun <= 3, "the worker spun on a broken tx ({spun} ticks)");
+        // The frontend stops the queue: answered at once, the frames it never used left on
+        // the ring for it (GET_VRING_BASE's index is past only those it used).
+        let started = Instant::now();
+        let next = worker.stop(QueueId::Tx(0)).unwrap();
+        assert!(started.elapsed() < Duration::from_secs(1));
+        assert_eq!(next, Some(counters.packets.get() as u16));
         drop(worker);
     }
 
