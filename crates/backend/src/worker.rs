@@ -23,7 +23,7 @@ use vring::{Chain, Error as RingError, PollPace};
 use super::error::Error;
 use super::host::{Host, Sent};
 use super::metrics::PollExit;
-use super::poll::{AutoPoll, BusyPoll, Check};
+use super::poll::AutoPoll;
 use super::queue::{
     break_queue, install_queue, notify, retire_queue, FaultWatch, QueueId, QueueRuntime,
 };
@@ -31,6 +31,8 @@ use super::rx::RxPath;
 use super::shared::Shared;
 use super::siblings::Sibling;
 use super::thread::{wait_events, Command, Inbox};
+
+mod busy_poll;
 
 /// vhost_net's VHOST_NET_PKT_WEIGHT and VHOST_NET_WEIGHT: a queue's share of one turn.
 pub const WEIGHT_PACKETS: usize = 256;
@@ -462,96 +464,6 @@ impl<H: Host> Worker<H> {
         !self.tx_waits_host && self.tx.as_mut().is_some_and(QueueRuntime::avail_pending)
     }
 
-    /// How long to poll now, in microseconds, by the first usable queue's setting; None:
-    /// do not poll.
-    fn poll_budget(&mut self) -> Option<(u32, Arc<super::metrics::QueueCounters>)> {
-        let q = [self.tx.as_ref(), self.rx.queue.as_ref()]
-            .into_iter()
-            .flatten()
-            .find(|q| q.usable())?;
-        let (counters, tunables) = (&q.counters, &q.tunables);
-        let us = match tunables.busy_poll() {
-            BusyPoll::Off => return None,
-            BusyPoll::Fixed(us) => us,
-            BusyPoll::Auto => {
-                let now = Instant::now();
-                if self.auto.check_due(now) {
-                    let sched = self.sibling.as_ref().and_then(Sibling::sample);
-                    if self.auto.check(now, sched) == Check::Contended {
-                        counters.busy_poll_contended.add(1);
-                    }
-                }
-                let us = self.auto.budget(now);
-                tunables.set_auto_budget(us);
-                if us == 0 {
-                    counters.busy_poll_skipped.add(1);
-                    return None;
-                }
-                us
-            }
-        };
-        Some((us, counters.clone()))
-    }
-
-    /// Spins with notifications off until work shows up, other work is pending, the CPU is
-    /// wanted elsewhere, a signal is pending, or the time is up. None when not polling.
-    fn busy_poll(&mut self) -> Option<PollExit> {
-        let (us, counters) = self.poll_budget()?;
-        counters.busy_poll_entries.add(1);
-        self.disarm_notifications();
-        let deadline = Instant::now() + Duration::from_micros(us as u64);
-        let switches = virtnet_sys::involuntary_switches();
-        let poll_rx = self.shared.config.poll_rx_from_tx;
-        let mut spins = 0u32;
-        let exit = loop {
-            if self.inbox.pending() {
-                break if self.inbox.shutting_down() {
-                    PollExit::Shutdown
-                } else {
-                    PollExit::OtherWork
-                };
-            }
-            // A loopback's tx is work only when rx can take it: else polling tx would find
-            // the same frame there on every spin and never sleep.
-            if self.tx_pending() && (!H::LOOPBACK || self.rx_can_take()) {
-                break PollExit::Hit;
-            }
-            let every = spins.is_multiple_of(H::POLL_EVERY);
-            if self.tx_waits_host && every && self.host.writable() {
-                break PollExit::Hit;
-            }
-            // Poll the host side for rx while waiting on tx, when the guest has posted
-            // buffers to receive into (and has posted more since rx last ran out of room).
-            let host_ready = poll_rx
-                && self.active()
-                && !self.rx.still_blocked()
-                && (self.host.holds_frame() || (every && self.host.has_frames()));
-            if host_ready && self.rx.has_buffers() {
-                break PollExit::Hit;
-            }
-            spins = spins.wrapping_add(1);
-            if spins.is_multiple_of(64) {
-                let now = Instant::now();
-                if now >= deadline {
-                    break PollExit::Timeout;
-                }
-                if self.next_call_deadline().is_some_and(|d| now >= d) {
-                    break PollExit::OtherWork; // A held call is due.
-                }
-                if virtnet_sys::involuntary_switches() != switches {
-                    break PollExit::Yield;
-                }
-                if virtnet_sys::signal_pending() {
-                    break PollExit::Signal;
-                }
-            }
-            std::hint::spin_loop();
-        };
-        counters.poll_exit(exit);
-        self.auto.record_exit(exit);
-        Some(exit)
-    }
-
     /// Enables notifications on both queues (not on tx while it waits for the host: its
     /// kicks would tell nothing new); returns true if either re-check found work.
     fn arm_notifications(&mut self) -> bool {
@@ -660,6 +572,7 @@ mod tests {
 
     use super::*;
     use crate::host::Received;
+    use crate::poll::BusyPoll;
     use crate::testing::{setup_sized, shared};
     use crate::thread::WorkerHandle;
 
