@@ -73,6 +73,11 @@ fn datagram_reaches_the_guest(ns: &NetNs, p: &mut Pair) {
 /// The guest sends `n` frames into the deleted TAP: each is completed (the guest gets its
 /// buffer back) and counted as dropped.
 fn tx_completes_and_is_dropped(b: &Backend, p: &mut Pair, n: usize) {
+    // What the guest sent before is completed first, so that only these frames count.
+    assert!(
+        p.tx.drain(Duration::from_secs(5)).unwrap(),
+        "earlier frames"
+    );
     let dropped = counters(b, 1).dropped;
     let mut sent = 0;
     let mut completed = 0;

@@ -3,15 +3,15 @@
 //! waiting for the TAP to be writable) under a frontend that breaks its tx ring, or goes
 //! away, while frames wait.
 //!
-//! The namespace makes the TAP an echo: a tc ingress filter redirects every frame the guest
-//! writes to the TAP's own egress (`mirred`), so it comes back to the guest's rx, and the
-//! backend's recovery is checked as an echo device's is. To make it push back, a token bucket
-//! of 8 kbit/s becomes the TAP's root qdisc: frames wait there, still charged to the TAP's
-//! send buffer, which fills; deleting it frees them and the TAP is writable again.
+//! The namespace makes the TAP push back: a tc ingress filter redirects every frame the guest
+//! writes to the TAP's own egress (`mirred`: an echo), and a token bucket of 8 kbit/s as the
+//! TAP's root qdisc holds them there, still charged to the TAP's send buffer, which fills;
+//! deleting the bucket frees them and the TAP is writable again.
 //!
 //! Each case: the waiting worker takes no CPU; a ring scribbled meanwhile breaks tx once the
 //! TAP drains (and only tx); a frontend that goes away is answered at once, not after the
-//! TAP drains; and then a fresh connection moves frames (`recovery::assert_recovered`).
+//! TAP drains; and then a fresh connection moves frames into the TAP
+//! (`recovery::assert_recovered`).
 //!
 //! Needs root (a network namespace with a TAP, tc); skips with a printed reason otherwise
 //! (`VIRTNET_GUEST_REQUIRE=1` turns the skip into a failure). The cases measure the process,
@@ -19,12 +19,12 @@
 
 use std::time::{Duration, Instant};
 
-use testkit::inproc::{connect, frame, start_backend, Backend, Pair, WANTED};
+use testkit::inproc::{connect, frame, tap_backend_with, Backend, Pair, WANTED};
 use testkit::netns::{NetNs, TapSpec};
 use testkit::packages;
 use testkit::recovery::{self, Baseline};
 use virtnet_backend::metrics::CountersSnapshot;
-use virtnet_backend::{BackendConfig, IoMode, TapIo};
+use virtnet_backend::{BackendConfig, TapIo};
 use vnet::NetHdr;
 
 const TEST: &str = "tap_pushback";
@@ -76,17 +76,12 @@ fn release(ns: &NetNs, tap: &TapSpec) {
 }
 
 fn backend(ns: &NetNs, tap: &TapSpec, tag: &str, tap_io: TapIo) -> Backend {
-    ns.run(|| {
-        start_backend(
-            tag,
-            BackendConfig {
-                io: IoMode::Tap(tap.name.clone()),
-                tap_sndbuf: Some(SNDBUF),
-                tap_io,
-                ..Default::default()
-            },
-        )
-    })
+    let config = BackendConfig {
+        tap_sndbuf: Some(SNDBUF),
+        tap_io,
+        ..Default::default()
+    };
+    tap_backend_with(ns, tag, &tap.name, config)
 }
 
 fn tx(b: &Backend) -> CountersSnapshot {
