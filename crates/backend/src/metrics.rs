@@ -40,6 +40,12 @@ vnet::counters! {
         /// tx frames the host port could not take yet (the TAP's send buffer was full): each
         /// stayed on the tx ring and went once the TAP took frames again.
         host_pushback,
+        /// The host port's fd reported an error that reading it does not clear (a deleted
+        /// TAP: EPOLLERR for good), counted on each running queue of the pair: the worker
+        /// stops watching it until a queue starts again, tx frames written to it are dropped
+        /// (`dropped`), and rx receives none. The queues are not broken: the guest did nothing
+        /// wrong, and what it needs is another port, which only the operator can give.
+        host_errors,
         /// tx: bursts of frames handed to the host port in one system call (`--tap-io
         /// uring`: one io_uring_enter each), so that packets / host_batches is the frames per
         /// call. 0 when the port writes frame by frame.

@@ -243,6 +243,11 @@ impl Slot {
     }
 }
 
+/// Why a board file was refused, as an error.
+fn refused(why: String) -> io::Error {
+    io::Error::new(io::ErrorKind::PermissionDenied, format!("refused: {why}"))
+}
+
 /// One worker's slot on the shared file of pinned workers, its own while this open file
 /// description holds a lock on it ([`virtnet_sys::try_lock_range`]).
 #[derive(Debug)]
@@ -260,25 +265,56 @@ impl Board {
         ))
     }
 
-    /// Opens the board, creating it if there is none. Refuses a file that is not a regular
-    /// one of this user, closed to others' writes (a symbolic link is not followed).
+    /// Opens the board, creating it if there is none (O_EXCL, mode 0600), else the file that
+    /// is there, never through a symbolic link (O_NOFOLLOW) and without waiting on a FIFO or
+    /// taking a terminal (O_NONBLOCK, O_NOCTTY). Refuses, by what the open descriptor says
+    /// (fstat: no race with a file swapped in at the path), anything but a regular file of
+    /// this user that others cannot write and that has no other name: /dev/shm is everyone's,
+    /// and the board is written to (its length set, slots written), so a file put there by
+    /// another user, or a link to another file of ours (a guest's memory file), must not be.
     fn open(path: &Path) -> io::Result<File> {
-        let file = File::options()
-            .read(true)
-            .write(true)
-            .create(true)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .open(path)?;
+        let flags = libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NOCTTY | libc::O_NONBLOCK;
+        let mut options = File::options();
+        options.read(true).write(true).custom_flags(flags);
+        // Created by another backend between the two opens, or removed: try again.
+        let mut tries = 0;
+        let file = loop {
+            tries += 1;
+            match options.clone().create_new(true).mode(0o600).open(path) {
+                Ok(f) => break f,
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(e),
+            }
+            match options.open(path) {
+                Ok(f) => break f,
+                Err(e) if e.kind() == io::ErrorKind::NotFound && tries < 3 => {}
+                Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+                    return Err(refused("a symbolic link (not followed)".into()));
+                }
+                Err(e) => return Err(e),
+            }
+        };
         let meta = file.metadata()?;
-        if !meta.file_type().is_file()
-            || meta.uid() != virtnet_sys::effective_uid()
-            || meta.mode() & 0o022 != 0
-        {
-            return Err(io::Error::new(
-                io::ErrorKind::PermissionDenied,
-                "not a regular file of this user, closed to others' writes",
-            ));
+        let me = virtnet_sys::effective_uid();
+        let why = if !meta.file_type().is_file() {
+            Some(format!("not a regular file ({:?})", meta.file_type()))
+        } else if meta.uid() != me {
+            Some(format!(
+                "owned by uid {}, not by this user ({me})",
+                meta.uid()
+            ))
+        } else if meta.mode() & 0o022 != 0 {
+            Some(format!(
+                "writable by others (mode {:o})",
+                meta.mode() & 0o7777
+            ))
+        } else if meta.nlink() != 1 {
+            Some(format!("a file with {} names (a hard link)", meta.nlink()))
+        } else {
+            None
+        };
+        if let Some(why) = why {
+            return Err(refused(why));
         }
         if meta.len() < BOARD_BYTES {
             file.set_len(BOARD_BYTES)?;
@@ -409,30 +445,125 @@ mod tests {
         std::fs::remove_file(&path).unwrap();
     }
 
-    #[test]
-    fn a_board_must_be_a_regular_file_of_this_user_that_others_cannot_write() {
+    /// Joining the board at `path` is refused, and the error says `what`.
+    fn refused_with(path: &Path, what: &str) {
+        let e = Board::join(path, 0).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::PermissionDenied, "{e}");
+        assert!(e.to_string().contains(what), "{e}");
+    }
+
+    /// A file of ours, mode 0600, holding `bytes`: what a link put at the board's path would
+    /// name (a guest's memory file, say).
+    fn bystander(name: &str, bytes: &[u8]) -> PathBuf {
         use std::os::unix::fs::PermissionsExt;
+        let path = board_path(name);
+        std::fs::write(&path, bytes).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        path
+    }
+
+    #[test]
+    fn a_board_is_created_for_this_user_alone_and_then_shared() {
+        let path = board_path("created");
+        let _ = std::fs::remove_file(&path);
+        let first = Board::join(&path, 0).unwrap();
+        let meta = std::fs::symlink_metadata(&path).unwrap();
+        assert!(meta.file_type().is_file());
+        assert_eq!(meta.mode() & 0o777, 0o600);
+        assert_eq!(meta.uid(), virtnet_sys::effective_uid());
+        assert_eq!(meta.len(), BOARD_BYTES);
+        // The next worker opens the one that is there.
+        let taken: Vec<Board> = (1..SLOTS).map(|_| Board::join(&path, 0).unwrap()).collect();
+        // Full: every slot locked.
+        assert!(Board::join(&path, 0).is_err());
+        drop((first, taken));
+        assert!(Board::join(&path, 0).is_ok(), "slots free again");
+        assert!(Board::join(&path, u32::MAX as usize).is_err());
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    #[test]
+    fn a_symbolic_link_at_the_board_is_neither_followed_nor_written_through() {
+        let path = board_path("symlink");
+        let _ = std::fs::remove_file(&path);
+        let target = bystander("symlink-target", b"a file of ours");
+        std::os::unix::fs::symlink(&target, &path).unwrap();
+        refused_with(&path, "symbolic link");
+        assert_eq!(std::fs::read(&target).unwrap(), b"a file of ours");
+        // A link to nothing: nothing created where it points.
+        let nowhere = board_path("symlink-nowhere");
+        let _ = std::fs::remove_file(&nowhere);
+        std::fs::remove_file(&path).unwrap();
+        std::os::unix::fs::symlink(&nowhere, &path).unwrap();
+        refused_with(&path, "symbolic link");
+        assert!(!nowhere.exists(), "created through the link");
+        std::fs::remove_file(&path).unwrap();
+        std::fs::remove_file(&target).unwrap();
+    }
+
+    #[test]
+    fn a_fifo_a_directory_or_a_hard_link_at_the_board_is_refused_at_once() {
+        let path = board_path("fifo");
+        let _ = std::fs::remove_file(&path);
+        let made = std::process::Command::new("mkfifo").arg(&path).status();
+        assert!(made.unwrap().success(), "mkfifo");
+        let t = std::time::Instant::now();
+        refused_with(&path, "not a regular file");
+        assert!(t.elapsed() < Duration::from_secs(1), "waited on the FIFO");
+        std::fs::remove_file(&path).unwrap();
+
+        let dir = board_path("dir");
+        let _ = std::fs::remove_dir(&dir);
+        std::fs::create_dir(&dir).unwrap();
+        assert!(Board::join(&dir, 0).is_err(), "a directory");
+        std::fs::remove_dir(&dir).unwrap();
+
+        // Another name of a file of ours: its length and bytes stay as they were.
+        let path = board_path("hardlink");
+        let _ = std::fs::remove_file(&path);
+        let target = bystander("hardlink-target", b"a file of ours");
+        std::fs::hard_link(&target, &path).unwrap();
+        refused_with(&path, "hard link");
+        assert_eq!(std::fs::read(&target).unwrap(), b"a file of ours");
+        std::fs::remove_file(&path).unwrap();
+        std::fs::remove_file(&target).unwrap();
+    }
+
+    #[test]
+    fn a_board_that_others_may_write_or_that_another_user_owns_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let path = board_path("others");
+        for mode in [0o620, 0o602, 0o666] {
+            let _ = std::fs::remove_file(&path);
+            std::fs::write(&path, b"").unwrap();
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+            refused_with(&path, "writable by others");
+        }
+        // Another user's (root can give a file away; others cannot make one).
+        if virtnet_sys::effective_uid() == 0 {
+            let _ = std::fs::remove_file(&path);
+            let _ = bystander("others", b"");
+            std::os::unix::fs::chown(&path, Some(65534), Some(65534)).unwrap();
+            refused_with(&path, "owned by uid 65534");
+        } else {
+            eprintln!("skipped the other user's board: needs root to chown");
+        }
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    #[test]
+    fn a_worker_whose_board_is_refused_goes_on_without_one() {
         let path = board_path("refused");
         let _ = std::fs::remove_file(&path);
-        std::fs::write(&path, b"").unwrap();
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).unwrap();
-        let e = Board::join(&path, 0).unwrap_err();
-        assert_eq!(e.kind(), io::ErrorKind::PermissionDenied, "{e}");
+        let target = bystander("refused-target", b"");
+        std::os::unix::fs::symlink(&target, &path).unwrap();
+        let me = Sibling::join(Some(3), SchedStat::open().unwrap(), Some(&path));
+        assert!(me.own.slot.is_none() && me._board.is_none());
+        assert!(me.sample().is_some());
+        assert_eq!(std::fs::read(&target).unwrap(), b"");
+        drop(me);
         std::fs::remove_file(&path).unwrap();
-        // A symbolic link is not followed, even to a good board.
-        let good = board_path("good");
-        let _ = std::fs::remove_file(&good);
-        let kept = Board::join(&good, 0).unwrap();
-        std::os::unix::fs::symlink(&good, &path).unwrap();
-        assert!(Board::join(&path, 0).is_err());
-        std::fs::remove_file(&path).unwrap();
-        // Full: every slot locked.
-        let taken: Vec<Board> = (1..SLOTS).map(|_| Board::join(&good, 0).unwrap()).collect();
-        assert!(Board::join(&good, 0).is_err());
-        drop((kept, taken));
-        assert!(Board::join(&good, 0).is_ok(), "slots free again");
-        assert!(Board::join(&good, u32::MAX as usize).is_err());
-        std::fs::remove_file(&good).unwrap();
+        std::fs::remove_file(&target).unwrap();
     }
 
     #[test]

@@ -23,7 +23,7 @@ use vring::{Chain, Error as RingError, PollPace};
 use super::error::Error;
 use super::host::{Host, Sent};
 use super::metrics::PollExit;
-use super::poll::{AutoPoll, BusyPoll, Check};
+use super::poll::AutoPoll;
 use super::queue::{
     break_queue, install_queue, notify, retire_queue, FaultWatch, QueueId, QueueRuntime,
 };
@@ -31,6 +31,8 @@ use super::rx::RxPath;
 use super::shared::Shared;
 use super::siblings::Sibling;
 use super::thread::{wait_events, Command, Inbox};
+
+mod busy_poll;
 
 /// vhost_net's VHOST_NET_PKT_WEIGHT and VHOST_NET_WEIGHT: a queue's share of one turn.
 pub const WEIGHT_PACKETS: usize = 256;
@@ -298,6 +300,9 @@ impl<H: Host> Worker<H> {
     fn handle_tx(&mut self) -> Turn {
         let mut turn = Turn::default();
         let Some(tx) = self.tx.as_mut().filter(|q| q.usable()) else {
+            // Broken while it waited (a call write interrupted, its memory faulted): it waits
+            // for nothing now, and a writable port, still watched, would wake us for ever.
+            self.tx_waits_host = false;
             return turn;
         };
         if self.tx_waits_host {
@@ -459,96 +464,6 @@ impl<H: Host> Worker<H> {
         !self.tx_waits_host && self.tx.as_mut().is_some_and(QueueRuntime::avail_pending)
     }
 
-    /// How long to poll now, in microseconds, by the first usable queue's setting; None:
-    /// do not poll.
-    fn poll_budget(&mut self) -> Option<(u32, Arc<super::metrics::QueueCounters>)> {
-        let q = [self.tx.as_ref(), self.rx.queue.as_ref()]
-            .into_iter()
-            .flatten()
-            .find(|q| q.usable())?;
-        let (counters, tunables) = (&q.counters, &q.tunables);
-        let us = match tunables.busy_poll() {
-            BusyPoll::Off => return None,
-            BusyPoll::Fixed(us) => us,
-            BusyPoll::Auto => {
-                let now = Instant::now();
-                if self.auto.check_due(now) {
-                    let sched = self.sibling.as_ref().and_then(Sibling::sample);
-                    if self.auto.check(now, sched) == Check::Contended {
-                        counters.busy_poll_contended.add(1);
-                    }
-                }
-                let us = self.auto.budget(now);
-                tunables.set_auto_budget(us);
-                if us == 0 {
-                    counters.busy_poll_skipped.add(1);
-                    return None;
-                }
-                us
-            }
-        };
-        Some((us, counters.clone()))
-    }
-
-    /// Spins with notifications off until work shows up, other work is pending, the CPU is
-    /// wanted elsewhere, a signal is pending, or the time is up. None when not polling.
-    fn busy_poll(&mut self) -> Option<PollExit> {
-        let (us, counters) = self.poll_budget()?;
-        counters.busy_poll_entries.add(1);
-        self.disarm_notifications();
-        let deadline = Instant::now() + Duration::from_micros(us as u64);
-        let switches = virtnet_sys::involuntary_switches();
-        let poll_rx = self.shared.config.poll_rx_from_tx;
-        let mut spins = 0u32;
-        let exit = loop {
-            if self.inbox.pending() {
-                break if self.inbox.shutting_down() {
-                    PollExit::Shutdown
-                } else {
-                    PollExit::OtherWork
-                };
-            }
-            // A loopback's tx is work only when rx can take it: else polling tx would find
-            // the same frame there on every spin and never sleep.
-            if self.tx_pending() && (!H::LOOPBACK || self.rx_can_take()) {
-                break PollExit::Hit;
-            }
-            let every = spins.is_multiple_of(H::POLL_EVERY);
-            if self.tx_waits_host && every && self.host.writable() {
-                break PollExit::Hit;
-            }
-            // Poll the host side for rx while waiting on tx, when the guest has posted
-            // buffers to receive into (and has posted more since rx last ran out of room).
-            let host_ready = poll_rx
-                && self.active()
-                && !self.rx.still_blocked()
-                && (self.host.holds_frame() || (every && self.host.has_frames()));
-            if host_ready && self.rx.has_buffers() {
-                break PollExit::Hit;
-            }
-            spins = spins.wrapping_add(1);
-            if spins.is_multiple_of(64) {
-                let now = Instant::now();
-                if now >= deadline {
-                    break PollExit::Timeout;
-                }
-                if self.next_call_deadline().is_some_and(|d| now >= d) {
-                    break PollExit::OtherWork; // A held call is due.
-                }
-                if virtnet_sys::involuntary_switches() != switches {
-                    break PollExit::Yield;
-                }
-                if virtnet_sys::signal_pending() {
-                    break PollExit::Signal;
-                }
-            }
-            std::hint::spin_loop();
-        };
-        counters.poll_exit(exit);
-        self.auto.record_exit(exit);
-        Some(exit)
-    }
-
     /// Enables notifications on both queues (not on tx while it waits for the host: its
     /// kicks would tell nothing new); returns true if either re-check found work.
     fn arm_notifications(&mut self) -> bool {
@@ -611,7 +526,11 @@ impl<H: Host> Worker<H> {
     /// busy polling, and a tx frame waiting for the port is tried again (and dropped).
     #[cold]
     fn unwatch_host(&mut self) {
-        tracing::warn!("the host port's fd reports an error; no longer watched");
+        tracing::warn!(
+            pair = self.pair,
+            "the host port's fd reports an error; no longer watched"
+        );
+        self.queues().for_each(|q| q.counters.host_errors.add(1));
         if let Some(fd) = self.host.fd() {
             let _ = self
                 .epoll
@@ -653,6 +572,7 @@ mod tests {
 
     use super::*;
     use crate::host::Received;
+    use crate::poll::BusyPoll;
     use crate::testing::{setup_sized, shared};
     use crate::thread::WorkerHandle;
 
@@ -819,6 +739,11 @@ mod tests {
         assert!(testkit::eventually(Duration::from_secs(5), || {
             counters.host_pushback.get() > 0
         }));
+        assert_eq!(
+            testkit::inproc::thread_seccomp(name),
+            [2],
+            "under the filter"
+        );
         let ticks = testkit::inproc::thread_cpu_ticks(name);
         std::thread::sleep(Duration::from_millis(300));
         assert!(
@@ -850,6 +775,59 @@ mod tests {
             "pushed back {} times",
             c.host_pushback
         );
+        drop(worker);
+    }
+
+    /// tx breaks while frames wait for the host (here the frontend made the call eventfd
+    /// block: the worker's call after the frames it took is interrupted and breaks tx; a
+    /// memory file shrunk under the ring breaks it the same way). Once the host drains, the
+    /// worker must not go on waiting for it: the port's fd, writable and watched for that
+    /// (level-triggered), woke it at once, for ever, and busy polling took it for work. And a
+    /// stop still answers, with the frames left on the ring.
+    #[test]
+    fn tx_broken_while_frames_wait_for_the_host_does_not_spin_once_the_host_drains() {
+        const FRAMES: u32 = 100;
+        let (mut rd, wr) = pipe();
+        let shared = Arc::new(shared());
+        let s = setup_sized(QueueId::Tx(0), Features::VERSION_1, 256);
+        let (mut driver, mem, counters) = (s.driver, s.mem, s.runtime.counters.clone());
+        for i in 0..FRAMES {
+            let addr = testkit::Pair::buf(i as u64, 2000);
+            mem.write(addr.addr, &[0u8; vnet::HDR_LEN]).unwrap();
+            driver.add(&[addr], &[], i).unwrap();
+        }
+        // The frontend clears O_NONBLOCK on the call eventfd it shares and fills the counter.
+        let call = s.runtime.call.as_ref().unwrap();
+        virtnet_sys::set_nonblocking(call.as_fd(), false).unwrap();
+        call.to_eventfd().unwrap().write(u64::MAX - 1).unwrap();
+        let name = "t-waits-broken";
+        let wake = vmm_sys_util::eventfd::EventFd::new(libc::EFD_NONBLOCK).unwrap();
+        let worker = WorkerHandle::spawn(name.into(), wake, move |inbox| {
+            let port = PipePort::new(wr, false);
+            Worker::new(0, port, shared, inbox).unwrap().run().unwrap();
+        })
+        .unwrap();
+        worker.start(s.runtime);
+        let broken = || counters.broken_reason().is_some();
+        assert!(testkit::eventually(Duration::from_secs(5), broken));
+        let reason = counters.broken_reason().unwrap();
+        assert!(reason.contains("call eventfd"), "{reason}");
+        let c = counters.snapshot();
+        assert!(c.host_pushback > 0 && c.packets < FRAMES as u64, "{c:?}");
+        // The host drains: its fd is writable from now on.
+        let mut buf = vec![0u8; 1 << 16];
+        while rd.read(&mut buf).is_ok_and(|n| n > 0) {}
+        std::thread::sleep(Duration::from_millis(50));
+        let ticks = testkit::inproc::thread_cpu_ticks(name);
+        std::thread::sleep(Duration::from_millis(300));
+        let spun = testkit::inproc::thread_cpu_ticks(name) - ticks;
+        assert!(spun <= 3, "the worker spun on a broken tx ({spun} ticks)");
+        // The frontend stops the queue: answered at once, the frames it never used left on
+        // the ring for it (GET_VRING_BASE's index is past only those it used).
+        let started = Instant::now();
+        let next = worker.stop(QueueId::Tx(0)).unwrap();
+        assert!(started.elapsed() < Duration::from_secs(1));
+        assert_eq!(next, Some(counters.packets.get() as u16));
         drop(worker);
     }
 
@@ -892,6 +870,7 @@ mod tests {
             c.packets, FRAMES as u64,
             "tx frames kept on the ring for good"
         );
+        assert_eq!(c.host_errors, 1, "the port's error counted once");
         drop(worker);
     }
 }

@@ -1,5 +1,7 @@
 //! The device side of the control queue, driven by a bare driver queue: every command's
-//! effect is visible in the backend, and malformed commands are acked ERR.
+//! effect is visible in the backend, and malformed commands are acked ERR. VQ_PAIRS_SET on a
+//! TAP (root: a network namespace) detaches and attaches its queues from the filtered
+//! control-queue worker.
 
 use testkit::inproc;
 use virtnet_driver::{Frames, PollMode};
@@ -312,4 +314,47 @@ fn without_mq_the_control_queue_is_virtqueue_2() {
         "answered by the control queue"
     );
     assert_eq!(r[2].counters.packets, 0, "not taken for pair 1's rx queue");
+}
+
+/// VQ_PAIRS_SET on a TAP: the control queue's worker, under its seccomp filter, detaches the
+/// TAP queues of the pairs it turns off (TUNSETQUEUE, the one ioctl the filter allows) and
+/// attaches them again.
+#[test]
+fn vq_pairs_set_detaches_and_attaches_tap_queues_under_the_filter() {
+    use testkit::netns::{NetNs, TapSpec};
+    use testkit::packages;
+    if !packages::is_root() {
+        packages::skip("ctrlq", "needs root (network namespaces, TAP devices)");
+        return;
+    }
+    if let Err(reason) = packages::ensure(&[packages::Requirement::command("ip", "iproute2")]) {
+        packages::skip("ctrlq", &reason);
+        return;
+    }
+    let ns = NetNs::create("ctrlqtap").expect("network namespace");
+    let tap = TapSpec::for_backend();
+    ns.add_tap(&tap).expect("TAP in the namespace");
+    let b = ns.run(|| {
+        start_backend(
+            "ctrl-mq-tap",
+            BackendConfig {
+                pairs: 2,
+                io: IoMode::Tap(tap.name.clone()),
+                ..Default::default()
+            },
+        )
+    });
+    assert!(b.device.shared().config.seccomp);
+    let (conn, mut c, _queues) = setup(&b, 2);
+    ns.wait_tap_attached(&tap.name, 2);
+    let set = |c: &mut Ctrl, n: u16| command(&conn, c, &Command::VqPairsSet(n).encode(), 0).0;
+    assert_eq!(set(&mut c, 1), ctrl::OK);
+    assert_eq!(
+        ns.tap_queues(&tap.name),
+        Ok((1, 1)),
+        "pair 1's queue detached"
+    );
+    assert_eq!(set(&mut c, 2), ctrl::OK);
+    assert_eq!(ns.tap_queues(&tap.name), Ok((2, 0)), "attached again");
+    testkit::recovery::assert_alive(&b);
 }

@@ -110,8 +110,8 @@ pub struct BackendArgs {
     #[arg(long, value_name = "ADDR:PORT")]
     metrics: Option<String>,
     /// Least privilege (on): drop every capability but CAP_NET_ADMIN and set no_new_privs at
-    /// start, and give each worker thread a seccomp allow-list (a system call outside it
-    /// kills the process). `off` for debugging.
+    /// start, and give each worker thread a seccomp allow-list (opening a file fails, any
+    /// other system call outside it kills the process). `off` for debugging.
     #[arg(long, default_value = "on", value_parser = ["on", "off"])]
     sandbox: String,
 }

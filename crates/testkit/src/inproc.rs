@@ -268,6 +268,25 @@ pub fn thread_cpu_ticks(name: &str) -> u64 {
     total
 }
 
+/// The seccomp mode (0: none, 1: strict, 2: filter) of each of this process's threads named
+/// `name`: a worker of a device with `BackendConfig::seccomp` runs in mode 2.
+pub fn thread_seccomp(name: &str) -> Vec<u32> {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return Vec::new();
+    };
+    tasks
+        .flatten()
+        .filter(|t| {
+            std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim_end() == name)
+        })
+        .filter_map(|t| {
+            let status = std::fs::read_to_string(t.path().join("status")).ok()?;
+            let mode = status.lines().find_map(|l| l.strip_prefix("Seccomp:"))?;
+            mode.trim().parse().ok()
+        })
+        .collect()
+}
+
 pub fn frame(i: u32, len: usize) -> Vec<u8> {
     let mut f = vec![0u8; len];
     f[..6].copy_from_slice(&[0x52, 0x54, 0, 0, 0, 1]);

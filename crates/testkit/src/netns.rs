@@ -158,6 +158,32 @@ impl NetNs {
         ip(&all)
     }
 
+    /// How many queues of TAP `dev` are attached, and how many detached (`ip -d link`'s
+    /// numqueues and numdisabled).
+    pub fn tap_queues(&self, dev: &str) -> Result<(u32, u32), String> {
+        let out = self.exec_ip(&["-d", "link", "show", dev])?;
+        let words: Vec<&str> = out.split_whitespace().collect();
+        let field = |name: &str| {
+            let at = words.iter().position(|w| *w == name);
+            at.and_then(|i| words.get(i + 1)?.parse().ok())
+                .ok_or_else(|| format!("no {name} for {dev}: {out}"))
+        };
+        Ok((field("numqueues")?, field("numdisabled")?))
+    }
+
+    /// Waits up to 10 s for `n` queues of TAP `dev` to be attached. A frontend's connect
+    /// returns once its requests are sent, before the backend has handled SET_VRING_ENABLE,
+    /// which attaches an rx ring's TAP queue: a frame the kernel sends to a TAP with no queue
+    /// attached is dropped (`tx_dropped`).
+    pub fn wait_tap_attached(&self, dev: &str, n: u32) {
+        let attached = || self.tap_queues(dev).is_ok_and(|(q, _)| q >= n);
+        assert!(
+            super::eventually(std::time::Duration::from_secs(10), attached),
+            "{dev}: {:?} queues (attached, detached), not {n} attached",
+            self.tap_queues(dev)
+        );
+    }
+
     /// The device's counters (/sys/class/net/DEV/statistics, as seen inside the namespace).
     /// For a TAP, `rx_*` counts frames written to it by its user (the guest's transmit) and
     /// `tx_*` frames the kernel handed to its user (the guest's receive).

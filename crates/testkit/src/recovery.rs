@@ -1,6 +1,7 @@
 //! What a user sees after a hostile case, as one check: the backend's threads are alive and
-//! idle, a fresh connection moves frames on the same pair within a second, and the process
-//! holds no more descriptors, threads or memory than before the case.
+//! idle (its workers under their seccomp filter, when the device has it on, as by default), a
+//! fresh connection moves frames on the same pair within a second, and the process holds no
+//! more descriptors, threads or memory than before the case.
 //!
 //! ```no_run
 //! use testkit::{inproc, recovery};
@@ -27,8 +28,8 @@ use virtnet_backend::QueueId;
 use vnet::NetHdr;
 
 use crate::inproc::{
-    connect, echo_round_within, frame, tap_rx_packets, thread_cpu_ticks, Backend, SERVE_THREAD,
-    WANTED,
+    connect, echo_round_within, frame, tap_rx_packets, thread_cpu_ticks, thread_seccomp, Backend,
+    SERVE_THREAD, WANTED,
 };
 
 /// The right to measure the process: while it is held, no other test of this binary that
@@ -210,6 +211,17 @@ pub fn assert_alive(b: &Backend) {
     // The names `assert_idle` reads are these threads'.
     for name in backend_threads(b) {
         assert!(thread_exists(&name), "no thread {name}");
+    }
+    // The case ran under the workers' seccomp filter, as the backend runs in production.
+    if b.device.shared().config.seccomp {
+        let workers = (0..b.device.pairs()).map(|p| format!("virtnet-pair{p}"));
+        for name in workers.chain(["virtnet-ctrlq".to_string()]) {
+            let modes = thread_seccomp(&name);
+            assert!(
+                modes.iter().all(|&m| m == 2),
+                "{name}: seccomp modes {modes:?}"
+            );
+        }
     }
 }
 
