@@ -94,7 +94,9 @@ pub enum GsoError {
     GsoSize { gso_size: u16 },
     /// The checksum field is outside the frame, or the transport header it starts would be,
     /// or it starts inside where the IP header must be.
-    #[error("checksum at {start} + {offset} does not fit a {len}-byte frame")]
+    #[error(
+        "checksum at {start} + {offset}: outside a {len}-byte frame or in the IP header's room"
+    )]
     CsumRange { start: u16, offset: u16, len: usize },
     #[error("checksum offset {offset}: the transport header's checksum field is at {want}")]
     CsumOffset { offset: u16, want: u16 },
