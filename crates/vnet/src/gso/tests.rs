@@ -882,8 +882,13 @@ fn mutated_frame() -> impl Strategy<Value = (NetHdr, Vec<u8>)> {
 
 /// What must hold of any outcome: no panic; an error leaves the frame alone; frames
 /// handed out are the whole frame or fit gso_size behind the headers, and their payloads
-/// put back together are the frame's.
-fn outcome_is_sound(hdr: &NetHdr, frame: &[u8]) -> Result<(), TestCaseError> {
+/// put back together are the frame's. `delivery` and `complete_csum` take anything too.
+fn outcome_is_sound(hdr: &NetHdr, frame: &[u8], rx: u64) -> Result<(), TestCaseError> {
+    let _ = delivery(hdr, frame, Features(rx));
+    let mut g = frame.to_vec();
+    if complete_csum(hdr, &mut g).is_err() {
+        prop_assert_eq!(&g[..], frame);
+    }
     for csum in [Csum::Complete, Csum::Partial] {
         let mut g = frame.to_vec();
         let Ok(mut segs) = segment(hdr, &mut g, csum) else {
@@ -916,8 +921,9 @@ proptest! {
     fn any_header_on_any_bytes_is_cut_soundly_or_refused(
         hdr in any_hdr(),
         frame in proptest::collection::vec(any::<u8>(), 0..600),
+        rx in any::<u64>(),
     ) {
-        outcome_is_sound(&hdr, &frame)?;
+        outcome_is_sound(&hdr, &frame, rx)?;
     }
 
     #[test]
@@ -925,9 +931,10 @@ proptest! {
         hdr in any_hdr(),
         (valid, frame) in mutated_frame(),
         keep_header in any::<bool>(),
+        rx in any::<u64>(),
     ) {
         let hdr = if keep_header { valid } else { hdr };
-        outcome_is_sound(&hdr, &frame)?;
+        outcome_is_sound(&hdr, &frame, rx)?;
     }
 
     #[test]
