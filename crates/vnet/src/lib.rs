@@ -4,12 +4,16 @@
 //! - here: the header in front of every frame, and the device configuration space;
 //! - [`ctrl`]: the control-queue codec (5.1.6.5);
 //! - [`vhost_wire`]: the framing of SET_STATUS / GET_STATUS;
-//! - [`stats`]: the counter types and the [`counters!`] macro both halves count with.
+//! - [`stats`]: the counter types and the [`counters!`] macro both halves count with;
+//! - [`gso`]: what a frame becomes for a receiver without its sender's offloads (segments,
+//!   completed checksums), over the arithmetic of [`csum`].
 
 #![forbid(unsafe_code)]
 
+pub mod csum;
 pub mod ctrl;
 pub mod feature;
+pub mod gso;
 pub mod stats;
 pub mod vhost_wire;
 
