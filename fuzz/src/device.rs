@@ -206,7 +206,7 @@ pub fn run(input: &DeviceInput) -> Option<Outcome> {
     }
     let config = QueueConfig::new(size as u32, rings, input.setup.features())
         .expect("sizes from queue_size are valid");
-    let queue = match DeviceQueue::activate(&config, mem.clone(), input.setup.next_avail) {
+    let queue = match DeviceQueue::activate(&config, mem.clone(), vring::RingPosition::split(input.setup.next_avail)) {
         Ok(q) => q,
         Err(e) => {
             // Placements wrap inside region 0 and are aligned; only the end may stick out.
@@ -375,7 +375,7 @@ impl Harness {
             }
             DeviceOp::DisableNotification => self.queue.disable_notification(),
             DeviceOp::AvailPending => {
-                let last = self.queue.next_avail();
+                let last = self.queue.position().next_avail();
                 let idx = peek16(&self.mem, avail + 2);
                 let r = self.queue.avail_pending();
                 self.check_avail_error(&r, idx, last);
@@ -391,9 +391,9 @@ impl Harness {
             }
             DeviceOp::UndoPop(n) => {
                 let n = n % (self.undoable + 1);
-                let before = self.queue.next_avail();
+                let before = self.queue.position().next_avail();
                 self.queue.undo_pop(n);
-                assert_eq!(self.queue.next_avail(), before.wrapping_sub(n));
+                assert_eq!(self.queue.position().next_avail(), before.wrapping_sub(n));
                 self.undoable -= n;
                 self.outstanding
                     .truncate(self.outstanding.len().saturating_sub(n as usize));
@@ -444,7 +444,7 @@ impl Harness {
 
     fn pop(&mut self, into: bool) {
         let avail = self.rings.avail.0;
-        let last = self.queue.next_avail();
+        let last = self.queue.position().next_avail();
         let idx = peek16(&self.mem, avail + 2);
         let head = peek16(&self.mem, avail + 4 + 2 * (last & self.mask()) as u64);
         let r = if into {
@@ -480,7 +480,7 @@ impl Harness {
         }
         let popped = matches!(r, Ok(Some(_)));
         assert_eq!(
-            self.queue.next_avail(),
+            self.queue.position().next_avail(),
             last.wrapping_add(popped as u16),
             "next_avail moved wrongly"
         );

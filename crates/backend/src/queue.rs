@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use virtnet_sys::PeerEventFd;
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
-use vring::DeviceQueue;
+use vring::{DeviceQueue, RingPosition};
 
 use super::error::Error;
 use super::hold::{self, CallHold};
@@ -165,8 +165,8 @@ pub fn install_queue(epoll: &Epoll, slot: &mut Option<QueueRuntime>, q: QueueRun
 }
 
 /// Stops a queue: publishes its used batch, sends a call held back by coalescing, stops
-/// watching its kick, and returns its next avail index (what GET_VRING_BASE reports).
-pub fn retire_queue(epoll: &Epoll, mut q: QueueRuntime) -> u16 {
+/// watching its kick, and returns where it stands in its ring (what GET_VRING_BASE reports).
+pub fn retire_queue(epoll: &Epoll, mut q: QueueRuntime) -> RingPosition {
     q.queue.flush();
     if q.held.is_some() {
         q.fire();
@@ -177,7 +177,7 @@ pub fn retire_queue(epoll: &Epoll, mut q: QueueRuntime) -> u16 {
         q.kick.as_raw_fd(),
         EpollEvent::default(),
     );
-    q.queue.next_avail()
+    q.queue.position()
 }
 
 /// Marks a queue broken: logs once, counts, signals the frontend's error eventfd. The
@@ -414,7 +414,7 @@ mod tests {
         let counters = q.counters.clone();
         let next = retire_queue(&Epoll::new().unwrap(), s.runtime);
         assert_eq!(counters.calls.get(), 2);
-        assert_eq!(next, 2);
+        assert_eq!(next, vring::RingPosition::split(2));
     }
 
     #[test]

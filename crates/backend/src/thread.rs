@@ -13,6 +13,8 @@ use vmm_sys_util::epoll::{Epoll, EpollEvent};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::error::Error;
+use vring::RingPosition;
+
 use super::queue::{QueueId, QueueRuntime};
 
 /// Requests from the protocol thread to a worker.
@@ -23,7 +25,7 @@ pub enum Command {
     /// was not running).
     Stop {
         queue: QueueId,
-        reply: mpsc::Sender<Option<u16>>,
+        reply: mpsc::Sender<Option<RingPosition>>,
     },
     Shutdown,
 }
@@ -139,7 +141,7 @@ impl WorkerHandle {
 
     /// Stops queue `queue` and returns its next avail index (None if it was not running),
     /// waiting at most 5 s; Err if the worker did not answer in time.
-    pub fn stop(&self, queue: QueueId) -> Result<Option<u16>, StopTimedOut> {
+    pub fn stop(&self, queue: QueueId) -> Result<Option<RingPosition>, StopTimedOut> {
         let (reply, answer) = mpsc::channel();
         self.send(Command::Stop { queue, reply });
         answer

@@ -25,6 +25,7 @@ use vnet::feature;
 use vring::memory::{RegionSource, MAX_REGIONS};
 use vring::{
     DeviceQueue, DirtyLog, Features, GuestAddress, GuestMemory, QueueConfig, RingAddresses,
+    RingPosition,
 };
 
 use super::device::Device;
@@ -42,7 +43,7 @@ struct VringSetup {
     addrs: Option<(u64, u64, u64)>,
     /// With VHOST_VRING_F_LOG: the guest address the used ring is logged at.
     log_addr: Option<u64>,
-    base: u16,
+    base: RingPosition,
     kick: Option<PeerEventFd>,
     call: Option<PeerEventFd>,
     err: Option<PeerEventFd>,
@@ -493,7 +494,7 @@ impl VhostUserBackendReqHandlerMut for Connection {
         if v.running {
             return Err(invalid("SET_VRING_BASE on a running queue"));
         }
-        v.base = u16::try_from(base).map_err(|_| VuError::InvalidParam)?;
+        v.base = RingPosition::from_vhost_base(base).map_err(|_| VuError::InvalidParam)?;
         Ok(())
     }
 
@@ -506,7 +507,7 @@ impl VhostUserBackendReqHandlerMut for Connection {
         let v = &mut self.vrings[index as usize];
         // The queue is stopped until the next SET_VRING_KICK (vhost-user spec).
         v.kick = None;
-        Ok(VhostUserVringState::new(index, v.base as u32))
+        Ok(VhostUserVringState::new(index, v.base.vhost_base()))
     }
 
     fn set_vring_kick(&mut self, index: u8, fd: Option<File>) -> VuResult<()> {
@@ -1101,7 +1102,7 @@ mod tests {
         s.conn.remove_mem_region(&first).unwrap();
         assert!(s.conn.mem.is_none());
         assert!(!s.conn.vrings[TX0 as usize].running);
-        assert_eq!(s.conn.vrings[TX0 as usize].base, 3);
+        assert_eq!(s.conn.vrings[TX0 as usize].base, RingPosition::split(3));
         let (first, file) = front.region(0);
         s.conn.add_mem_region(&first, file, None).unwrap();
         assert!(s.conn.vrings[TX0 as usize].running);

@@ -827,7 +827,10 @@ mod tests {
         let started = Instant::now();
         let next = worker.stop(QueueId::Tx(0)).unwrap();
         assert!(started.elapsed() < Duration::from_secs(1));
-        assert_eq!(next, Some(counters.packets.get() as u16));
+        assert_eq!(
+            next,
+            Some(vring::RingPosition::split(counters.packets.get() as u16))
+        );
         drop(worker);
     }
 

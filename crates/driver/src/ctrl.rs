@@ -635,7 +635,8 @@ mod tests {
             call: call.try_clone().unwrap(),
         };
         let ctrl = CtrlQueue::new(8, &setup, &mem, BUFFERS, mode, timeout).unwrap();
-        let device = DeviceQueue::activate(&config, mem.clone(), 0).unwrap();
+        let device =
+            DeviceQueue::activate(&config, mem.clone(), vring::RingPosition::START).unwrap();
         Rig {
             ctrl: Arc::new(ctrl),
             device,

@@ -548,7 +548,8 @@ mod tests {
         let features = Features::VERSION_1 | feature::MRG_RXBUF;
         let (mem, setup, mut alloc) = hand_built(0, 8, features);
         let rx = RxQueue::new(&setup, &mem, &mut alloc, BUF).unwrap();
-        let device = DeviceQueue::activate(&setup.config, mem.clone(), 0).unwrap();
+        let device =
+            DeviceQueue::activate(&setup.config, mem.clone(), vring::RingPosition::START).unwrap();
         Rig { rx, device, mem }
     }
 

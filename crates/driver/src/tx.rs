@@ -522,7 +522,7 @@ mod tests {
         let features = Features::VERSION_1 | Features::RING_EVENT_IDX;
         let (mem, setup, mut alloc) = hand_built(1, size, features);
         let tx = TxQueue::with_vq(1, &setup, &mem, &mut alloc, 256, policy).unwrap();
-        let device = DeviceQueue::activate(&setup.config, mem, 0).unwrap();
+        let device = DeviceQueue::activate(&setup.config, mem, vring::RingPosition::START).unwrap();
         Rig { tx, device }
     }
 
@@ -554,7 +554,8 @@ mod tests {
         let features = Features::VERSION_1 | Features::RING_EVENT_IDX | Features::IN_ORDER;
         let (mem, setup, mut alloc) = hand_built(1, 64, features);
         let mut tx = TxQueue::new(&setup, &mem, &mut alloc, 256).unwrap();
-        let mut device = DeviceQueue::activate(&setup.config, mem.clone(), 0).unwrap();
+        let mut device =
+            DeviceQueue::activate(&setup.config, mem.clone(), vring::RingPosition::START).unwrap();
         let rings = setup.config.rings();
         let snapshot = || {
             let mut b = vec![0u8; 64 * 16 + 2 * 64];

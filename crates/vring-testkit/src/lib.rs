@@ -83,7 +83,8 @@ pub fn pair(size: u16, features: Features, max_chain: u16) -> Pair {
         max_chain,
     };
     let driver = DriverQueue::activate(&config, mem.clone(), Some(area)).expect("driver queue");
-    let device = DeviceQueue::activate(&config, mem.clone(), 0).expect("device queue");
+    let device = DeviceQueue::activate(&config, mem.clone(), vring::RingPosition::START)
+        .expect("device queue");
     Pair {
         mem,
         config,

@@ -15,7 +15,7 @@ use crate::error::Broken;
 use crate::event::vring_need_event;
 use crate::layout::{used_ring_offset, AVAIL_F_NO_INTERRUPT, USED_ELEM_SIZE, USED_F_NO_NOTIFY};
 use crate::ring::Rings;
-use crate::{DirtyLog, Error, GuestAddress, GuestMemory, QueueConfig};
+use crate::{DirtyLog, Error, GuestAddress, GuestMemory, QueueConfig, RingPosition};
 
 /// Offset of `used.idx` in the used ring (spec 2.7.8), after its flags.
 const USED_IDX_OFFSET: u64 = 2;
@@ -81,13 +81,15 @@ struct QueueLog {
 }
 
 impl DeviceQueue {
-    /// Checks `config` against `mem` and starts the queue at avail index `next_avail` (what
-    /// vhost-user's SET_VRING_BASE gives). The used index continues from what the ring holds.
+    /// Checks `config` against `mem` and starts the queue at position `at` (what vhost-user's
+    /// SET_VRING_BASE gives; [`RingPosition::START`] for a fresh ring). The used index
+    /// continues from what the ring holds.
     pub fn activate(
         config: &QueueConfig,
         mem: Arc<GuestMemory>,
-        next_avail: u16,
+        at: RingPosition,
     ) -> Result<DeviceQueue, Error> {
+        let next_avail = at.next_avail();
         let rings = Rings::new(&mem, config.size(), &config.rings())?;
         let next_used = rings.used_idx_relaxed();
         Ok(DeviceQueue {
@@ -121,9 +123,9 @@ impl DeviceQueue {
     pub fn stats(&self) -> DeviceStats {
         self.stats
     }
-    /// The next avail index to pop: what GET_VRING_BASE returns.
-    pub fn next_avail(&self) -> u16 {
-        self.last_avail
+    /// Where the queue stands: the next chain to pop (what GET_VRING_BASE returns).
+    pub fn position(&self) -> RingPosition {
+        RingPosition::split(self.last_avail)
     }
     /// `avail.idx` as last read (by a pop, `avail_pending` or `avail_idx`), without reading it
     /// again: the device has seen no chain from there on.

@@ -92,6 +92,8 @@ pub enum Error {
     Mmap { reason: String },
     #[error("features {bits:#x} were acknowledged but never offered")]
     UnofferedFeatures { bits: u64 },
+    #[error("vring base {base:#x} is not a position in a split ring (16 bits)")]
+    InvalidVringBase { base: u32 },
 
     // ---- This side's request cannot be met now.
     #[error("chain needs {needed} descriptors but only {free} are free")]
@@ -149,7 +151,8 @@ impl Error {
             | AddressOutOfRange { .. }
             | InvalidMemory { .. }
             | Mmap { .. }
-            | UnofferedFeatures { .. } => ErrorKind::Config,
+            | UnofferedFeatures { .. }
+            | InvalidVringBase { .. } => ErrorKind::Config,
             QueueFull { .. } | EmptyChain | TooManySegments { .. } | ShortChain { .. } => {
                 ErrorKind::Usage
             }

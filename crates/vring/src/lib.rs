@@ -9,6 +9,7 @@
 //! - [`DeviceQueue`]: pop validated [`Chain`]s, batched used publish, notification decisions.
 //! - [`DriverQueue`]: add chains (direct or indirect), kick decisions, reclaim, callbacks.
 //! - [`PollPace`]: how soon a device that keeps finding a little work looks again.
+//! - [`RingPosition`]: where a device stands in its ring (vhost-user's vring base).
 //! - [`cursor`]: a chain's bytes as one stream: [`Reader`] copies them out once each,
 //!   [`Writer`] copies into them (from this process, or from another chain), [`Tail`] is what
 //!   is left, [`Gather`] a checked copy followed by a tail, to write.
@@ -33,6 +34,7 @@ pub mod layout;
 #[allow(unsafe_code)]
 pub mod memory;
 pub mod pace;
+pub mod position;
 mod ring;
 pub mod sync;
 #[cfg(test)]
@@ -49,3 +51,4 @@ pub use features::Features;
 pub use layout::RingAddresses;
 pub use memory::{DirtyLog, GuestAddress, GuestMemory, UringWriter, MAX_IOVECS};
 pub use pace::PollPace;
+pub use position::RingPosition;

@@ -29,7 +29,7 @@ pub fn pair(size: u16, features: Features) -> Pair {
         max_chain: 16,
     };
     let driver = DriverQueue::activate(&config, mem.clone(), Some(area)).unwrap();
-    let device = DeviceQueue::activate(&config, mem.clone(), 0).unwrap();
+    let device = DeviceQueue::activate(&config, mem.clone(), crate::RingPosition::START).unwrap();
     Pair {
         mem,
         config,

@@ -41,7 +41,7 @@ fn pair(features: Features) -> (DriverQueue<u16>, DeviceQueue) {
     let rings = RingAddresses::contiguous(GuestAddress(0x1000), QUEUE);
     let config = QueueConfig::new(QUEUE as u32, rings, features).unwrap();
     let driver = DriverQueue::activate(&config, mem.clone(), None).unwrap();
-    let device = DeviceQueue::activate(&config, mem, 0).unwrap();
+    let device = DeviceQueue::activate(&config, mem, vring::RingPosition::START).unwrap();
     (driver, device)
 }
 

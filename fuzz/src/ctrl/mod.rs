@@ -107,7 +107,7 @@ pub fn run(input: &CtrlInput) -> Outcome {
     };
     let mut driver: DriverQueue<usize> =
         DriverQueue::activate(&qconfig, memory.clone(), Some(area)).expect("driver queue");
-    let device = DeviceQueue::activate(&qconfig, memory.clone(), 0).expect("device queue");
+    let device = DeviceQueue::activate(&qconfig, memory.clone(), vring::RingPosition::START).expect("device queue");
     let kick = EventFd::new(EFD_NONBLOCK).unwrap();
     let err = EventFd::new(EFD_NONBLOCK).unwrap();
     let mut rt = fuzzing::queue_runtime(

@@ -131,7 +131,7 @@ impl RingMemory {
             mmap_offset: 0,
         };
         let mem = Arc::new(GuestMemory::from_sources(vec![source])?);
-        let queue = DeviceQueue::activate(&self.config, mem, 0)?;
+        let queue = DeviceQueue::activate(&self.config, mem, vring::RingPosition::START)?;
         Ok(VringDevice {
             queue,
             chain: Chain::new(),

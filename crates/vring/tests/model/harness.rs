@@ -84,7 +84,7 @@ impl Harness {
         };
         let mut driver = DriverQueue::activate(&config, mem.clone(), Some(area)).unwrap();
         driver.set_fifo_reuse(s.fifo_reuse);
-        let device = DeviceQueue::activate(&config, mem, 0).unwrap();
+        let device = DeviceQueue::activate(&config, mem, vring::RingPosition::START).unwrap();
         let mut h = Harness {
             batch: DEFAULT_USED_BATCH.min(s.size),
             s,
