@@ -206,7 +206,11 @@ pub fn run(input: &DeviceInput) -> Option<Outcome> {
     }
     let config = QueueConfig::new(size as u32, rings, input.setup.features())
         .expect("sizes from queue_size are valid");
-    let queue = match DeviceQueue::activate(&config, mem.clone(), vring::RingPosition::split(input.setup.next_avail)) {
+    let queue = match DeviceQueue::activate(
+        &config,
+        mem.clone(),
+        vring::RingPosition::split(input.setup.next_avail),
+    ) {
         Ok(q) => q,
         Err(e) => {
             // Placements wrap inside region 0 and are aligned; only the end may stick out.

@@ -54,8 +54,8 @@ pub(crate) fn process_commands(shared: &Shared, q: &mut QueueRuntime, chain: &mu
     let mut done = 0;
     while done < CTRL_WEIGHT {
         // Control commands are rare and latency-bound: answer each one at once.
-        q.queue.set_used_batch(1);
-        match q.queue.pop_into(chain) {
+        q.set_used_batch(1);
+        match q.pop_into(chain) {
             Ok(true) => {}
             Ok(false) => return done,
             Err(e) => {
@@ -68,15 +68,15 @@ pub(crate) fn process_commands(shared: &Shared, q: &mut QueueRuntime, chain: &mu
             let delay = shared.config.ctrl_delay_us as u64;
             std::thread::sleep(std::time::Duration::from_micros(delay));
         }
-        let result = CtrlWorker::answer(shared, q.queue.memory(), chain);
-        let c = &q.counters;
+        let result = CtrlWorker::answer(shared, q.memory(), chain);
+        let c = &q.counters();
         c.ctrl_commands.add(1);
         let (written, refused) = result;
         if let Some(e) = refused {
             tracing::debug!(error = %e, "control command refused");
             c.ctrl_errors.add(1);
         }
-        if let Err(e) = q.queue.add_used_written(chain, written) {
+        if let Err(e) = q.add_used_written(chain, written, true) {
             break_queue(q, &e.into());
             return done;
         }
@@ -123,7 +123,7 @@ impl CtrlWorker {
                 continue;
             }
             if let Some(q) = self.queue.as_mut().filter(|q| q.usable()) {
-                match q.queue.enable_notification() {
+                match q.enable_notification() {
                     Ok(true) => continue,
                     Ok(false) => {}
                     Err(e) => break_queue(q, &e.into()),
@@ -140,7 +140,7 @@ impl CtrlWorker {
                 }
             }
             if let Some(q) = self.queue.as_mut() {
-                q.queue.disable_notification();
+                q.disable_notification();
             }
         }
     }
@@ -276,7 +276,7 @@ mod tests {
         );
         assert_eq!(process_commands(&dev, &mut s.runtime, &mut chain), 10);
         assert_eq!(process_commands(&dev, &mut s.runtime, &mut chain), 0);
-        assert_eq!(s.runtime.counters.ctrl_commands.get(), total as u64);
-        assert_eq!(s.runtime.counters.ctrl_errors.get(), 0);
+        assert_eq!(s.runtime.counters().ctrl_commands.get(), total as u64);
+        assert_eq!(s.runtime.counters().ctrl_errors.get(), 0);
     }
 }

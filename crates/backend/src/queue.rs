@@ -6,29 +6,34 @@
 //! [`notify`] after each turn that used buffers, [`break_queue`] when the guest (or the host)
 //! makes it unusable, [`retire_queue`] when the frontend stops it.
 
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use virtnet_sys::PeerEventFd;
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
-use vring::{DeviceQueue, RingPosition};
+use vring::{
+    AvailMark, Chain, DeviceQueue, DeviceStats, Error as RingError, Features, GuestMemory,
+    RingPosition, Segment,
+};
 
 use super::error::Error;
 use super::hold::{self, CallHold};
 use super::metrics::{QueueCounters, QueueTunables};
 
-/// A running queue handed to a worker, with its notification fds, counters and tunables.
+/// A running queue handed to a worker, with its notification fds, counters and tunables. A
+/// worker uses it through what it does (pop, complete, notify, break), never through the
+/// engine's queue or the ring's indices.
 #[derive(Debug)]
 pub struct QueueRuntime {
-    pub id: QueueId,
-    pub queue: DeviceQueue,
-    pub kick: PeerEventFd,
+    id: QueueId,
+    queue: DeviceQueue,
+    kick: PeerEventFd,
     /// Dropped if writing it blocked (see `virtnet_sys::peer_fd`).
-    pub call: Option<PeerEventFd>,
-    pub err: Option<PeerEventFd>,
-    pub counters: Arc<QueueCounters>,
-    pub tunables: Arc<QueueTunables>,
+    call: Option<PeerEventFd>,
+    err: Option<PeerEventFd>,
+    counters: Arc<QueueCounters>,
+    tunables: Arc<QueueTunables>,
     /// Notification coalescing: a call the driver asked for but we hold back (by the
     /// driver's NOTF_COAL, or by [`CallHold`] when the driver set none), and the used count
     /// at the last call.
@@ -40,6 +45,146 @@ pub struct QueueRuntime {
 }
 
 impl QueueRuntime {
+    pub fn id(&self) -> QueueId {
+        self.id
+    }
+
+    /// What the queue observed (counters, broken state), shared with the reports.
+    pub fn counters(&self) -> &Arc<QueueCounters> {
+        &self.counters
+    }
+
+    /// What the queue is told to do (busy polling, coalescing).
+    pub fn tunables(&self) -> &Arc<QueueTunables> {
+        &self.tunables
+    }
+
+    /// The features negotiated for the queue.
+    pub fn features(&self) -> Features {
+        self.queue.config().features()
+    }
+
+    /// The virtio-net header length its features give.
+    pub fn hdr_len(&self) -> usize {
+        vnet::hdr_len(self.features())
+    }
+
+    /// Chains the ring holds.
+    pub fn size(&self) -> u16 {
+        self.queue.config().size()
+    }
+
+    /// The guest memory its buffers are in.
+    pub fn memory(&self) -> &Arc<GuestMemory> {
+        self.queue.memory()
+    }
+
+    /// The engine's own counts (chains used, used-index stores).
+    pub fn engine_stats(&self) -> DeviceStats {
+        self.queue.stats()
+    }
+
+    /// Why the engine broke the queue, if it did (the guest's error).
+    pub fn ring_broken(&self) -> Option<&RingError> {
+        self.queue.broken()
+    }
+
+    /// Pops the next chain the driver made available into `chain`; false when none is. A
+    /// malformed chain is an error, which breaks the queue in the engine.
+    #[inline]
+    pub fn pop_into(&mut self, chain: &mut Chain) -> Result<bool, RingError> {
+        self.queue.pop_into(chain)
+    }
+
+    /// Hands back the last `count` chains popped and not used, to be popped again.
+    #[inline]
+    pub fn undo_pop(&mut self, count: u16) {
+        self.queue.undo_pop(count)
+    }
+
+    /// Completes chain `head` with `len` bytes written (published with the used batch).
+    #[inline]
+    pub fn add_used(&mut self, head: u16, len: u32) -> Result<(), RingError> {
+        self.queue.add_used(head, len)
+    }
+
+    /// Completes `chain` with `len` bytes written into it, logged for a migration; `last`:
+    /// the last buffer of a frame (a frame's buffers are published together).
+    #[inline]
+    pub fn add_used_written(
+        &mut self,
+        chain: &Chain,
+        len: u32,
+        last: bool,
+    ) -> Result<(), RingError> {
+        if last {
+            self.queue.add_used_written(chain, len)
+        } else {
+            self.queue.add_used_written_part(chain, len)
+        }
+    }
+
+    /// How many used entries are written before `used.idx` is published (1: every one).
+    pub fn set_used_batch(&mut self, batch: u16) {
+        self.queue.set_used_batch(batch)
+    }
+
+    /// Publishes the used entries written so far.
+    #[inline]
+    pub fn flush(&mut self) {
+        self.queue.flush()
+    }
+
+    /// Marks `len` bytes written over `segs` in the dirty log, during a migration.
+    pub fn log_write(&self, segs: &[Segment], len: u64) {
+        self.queue.log_write(segs, len)
+    }
+
+    /// Whether the driver has made chains available (a ring error is returned).
+    #[inline]
+    pub fn try_avail_pending(&mut self) -> Result<bool, RingError> {
+        self.queue.avail_pending()
+    }
+
+    /// What the driver had made available when the device last looked (see
+    /// [`QueueRuntime::avail_moved`]).
+    pub fn avail_mark(&self) -> AvailMark {
+        self.queue.avail_mark()
+    }
+
+    /// Whether the driver has made more available since `mark`.
+    pub fn avail_moved(&mut self, mark: AvailMark) -> Result<bool, RingError> {
+        self.queue.avail_moved(mark)
+    }
+
+    /// Asks the driver for a kick when it adds chains, and re-checks: true if chains are
+    /// available already.
+    pub fn enable_notification(&mut self) -> Result<bool, RingError> {
+        self.queue.enable_notification()
+    }
+
+    /// Tells the driver kicks are not needed (the worker is polling).
+    pub fn disable_notification(&mut self) {
+        self.queue.disable_notification()
+    }
+
+    /// The engine's queue, for tests that drive the ring directly.
+    #[cfg(test)]
+    pub(crate) fn engine(&mut self) -> &mut DeviceQueue {
+        &mut self.queue
+    }
+
+    /// The call eventfd, for tests that play a frontend misusing it.
+    #[cfg(test)]
+    pub(crate) fn call_fd(&self) -> Option<&PeerEventFd> {
+        self.call.as_ref()
+    }
+
+    /// The kick eventfd, for a worker's epoll set.
+    pub fn kick_fd(&self) -> RawFd {
+        self.kick.as_raw_fd()
+    }
+
     /// A queue the vhost-user layer starts (the control-queue fuzz target builds one through
     /// `fuzzing::queue_runtime`).
     pub(crate) fn new(

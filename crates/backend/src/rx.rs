@@ -10,7 +10,7 @@ use std::io;
 
 use vnet::feature;
 use vring::{
-    Chain, DeviceQueue, Error as RingError, GuestMemory, Reader, Segment, Writer, MAX_IOVECS,
+    AvailMark, Chain, Error as RingError, GuestMemory, Reader, Segment, Writer, MAX_IOVECS,
 };
 
 use super::error::Error;
@@ -76,7 +76,7 @@ pub struct RxPath {
     pub queue: Option<QueueRuntime>,
     /// The avail index at which rx last lacked room (a frame waiting for buffers, an echo):
     /// rx is not worth retrying until the guest moves it.
-    blocked: Option<u16>,
+    blocked: Option<AvailMark>,
     /// Chains popped for one frame (mergeable) or one burst.
     chains: Vec<Chain>,
     /// A chain of `chains` has grown past KEEP_SEGMENTS: trim them after the frame.
@@ -108,9 +108,9 @@ impl RxPath {
 
     /// The virtio-net header length the rx queue negotiated.
     pub fn hdr_len(&self) -> usize {
-        self.queue.as_ref().map_or(vnet::HDR_LEN, |q| {
-            vnet::hdr_len(q.queue.config().features())
-        })
+        self.queue
+            .as_ref()
+            .map_or(vnet::HDR_LEN, |q| vnet::hdr_len(q.features()))
     }
 
     /// Forgets where rx lacked room, returns the posted buffers to the ring (so that the
@@ -129,7 +129,7 @@ impl RxPath {
     /// Returns the posted buffers to the ring.
     fn unpost(&mut self) {
         if let Some(q) = self.queue.as_mut() {
-            q.queue.undo_pop(self.posted.len() as u16);
+            q.undo_pop(self.posted.len() as u16);
         }
         self.spare.extend(self.posted.drain(..));
         self.posted_bytes = 0;
@@ -174,7 +174,7 @@ impl RxPath {
     /// or rx would wait for more that never come.
     pub fn block(&mut self) {
         if let Some(q) = self.queue.as_ref() {
-            self.blocked = Some(q.queue.avail_idx_seen());
+            self.blocked = Some(q.avail_mark());
         }
     }
 
@@ -183,9 +183,9 @@ impl RxPath {
         let (Some(at), Some(q)) = (self.blocked, self.queue.as_mut()) else {
             return false;
         };
-        match q.queue.avail_idx() {
-            Ok(now) if now == at => true,
-            Ok(_) => {
+        match q.avail_moved(at) {
+            Ok(false) => true,
+            Ok(true) => {
                 self.blocked = None;
                 false
             }
@@ -235,10 +235,10 @@ impl RxPath {
         let Some(rx) = self.queue.as_mut() else {
             return Ok(Direct::NoRoom);
         };
-        let features = rx.queue.config().features();
+        let features = rx.features();
         let mergeable = features.contains(feature::MRG_RXBUF);
         let hdr_len = vnet::hdr_len(features);
-        let max_buffers = MAX_MERGED_BUFFERS.min(rx.queue.config().size() as usize);
+        let max_buffers = MAX_MERGED_BUFFERS.min(rx.size() as usize);
         let mut segments: usize = self.posted.iter().map(|c| c.writable().len()).sum();
         // Post buffers for the largest frame, within what one readv takes (the tail last).
         let mut limited = false;
@@ -248,7 +248,7 @@ impl RxPath {
                 break;
             }
             let mut c = self.spare.pop().unwrap_or_default();
-            if !rx.queue.pop_into(&mut c)? {
+            if !rx.pop_into(&mut c)? {
                 self.spare.push(c);
                 break;
             }
@@ -257,7 +257,7 @@ impl RxPath {
                 return Err(RingError::NoWritableBytes { head: c.head() });
             }
             if segments + n > MAX_IOVECS - 1 {
-                rx.queue.undo_pop(1);
+                rx.undo_pop(1);
                 self.spare.push(c);
                 limited = true;
                 break;
@@ -279,7 +279,7 @@ impl RxPath {
         for c in &self.posted {
             self.segs.extend_from_slice(c.writable());
         }
-        let n = match read(rx.queue.memory(), &self.segs, tail)? {
+        let n = match read(rx.memory(), &self.segs, tail)? {
             // End of file: a TAP never has one, but then nothing was read either.
             Ok(0) => return Ok(Direct::Empty),
             Ok(n) => n,
@@ -290,22 +290,22 @@ impl RxPath {
         let in_guest = (n as u64).min(self.posted_bytes) as usize;
         let mut dst = [0u8; 6];
         let dst_len = in_guest.saturating_sub(hdr_len).min(6);
-        let mut r = Reader::new(rx.queue.memory(), &self.segs);
+        let mut r = Reader::new(rx.memory(), &self.segs);
         r.skip(hdr_len as u64)?;
         r.read_exact(&mut dst[..dst_len])?;
         if !shared.accepts(&dst[..dst_len]) {
-            rx.counters.filtered.add(1);
+            rx.counters().filtered.add(1);
             // The bytes landed in buffers that stay posted: marked all the same, so that
             // during a migration the destination's memory is the source's.
-            rx.queue.log_write(&self.segs, in_guest as u64);
+            rx.log_write(&self.segs, in_guest as u64);
             return Ok(Direct::Dropped);
         }
         if n > in_guest {
             // Longer than the posted buffers: copy the rest into more, if the guest has them.
             let over = &tail[..n - in_guest];
             if !mergeable || !post_overflow(rx, &mut self.posted, &mut self.spare, over)? {
-                rx.counters.dropped.add(1);
-                rx.queue.log_write(&self.segs, in_guest as u64);
+                rx.counters().dropped.add(1);
+                rx.log_write(&self.segs, in_guest as u64);
                 return Ok(Direct::Dropped);
             }
         }
@@ -323,13 +323,13 @@ impl RxPath {
             // num_buffers: the TAP leaves those two bytes unwritten. 1 without MRG_RXBUF.
             let count = (used as u16).to_le_bytes();
             let at = vnet::NUM_BUFFERS_OFFSET as usize;
-            Writer::at(rx.queue.memory(), &self.segs, at as u64)?.write_all(&count)?;
+            Writer::at(rx.memory(), &self.segs, at as u64)?.write_all(&count)?;
         }
         let mut left = n as u64;
         for i in 0..used {
             let c = self.posted.pop_front().expect("counted above");
             let take = left.min(c.writable_len());
-            add_frame_buffer(&mut rx.queue, &c, take as u32, i + 1 == used)?;
+            rx.add_used_written(&c, take as u32, i + 1 == used)?;
             left -= take;
             self.posted_bytes = self.posted_bytes.saturating_sub(c.writable_len());
             self.spare.push(c);
@@ -366,7 +366,7 @@ fn deliver_burst(
     max: usize,
     grown: &mut bool,
 ) -> Result<usize, RingError> {
-    let features = rx.queue.config().features();
+    let features = rx.features();
     let hdr_len = vnet::hdr_len(features);
     if !shared.accepts(frame.get(hdr_len..).unwrap_or(&[])) {
         return Ok(0);
@@ -380,19 +380,19 @@ fn deliver_burst(
     if chains.len() < max {
         chains.resize_with(max, Chain::new);
     }
-    if !rx.queue.avail_pending()? {
+    if !rx.try_avail_pending()? {
         return Ok(0);
     }
     let mut n = 0;
     while n < max {
-        if !rx.queue.pop_into(&mut chains[n])? {
+        if !rx.pop_into(&mut chains[n])? {
             break;
         }
         *grown |= chains[n].segments().len() > KEEP_SEGMENTS;
         match chains[n].writable().first() {
             Some(s) if s.len as usize >= frame.len() => n += 1,
             _ => {
-                rx.queue.undo_pop(1);
+                rx.undo_pop(1);
                 break;
             }
         }
@@ -405,17 +405,17 @@ fn deliver_burst(
         0
     };
     let prefetch =
-        |q: &DeviceQueue, c: &Chain| q.memory().prefetch_write(c.writable()[0].addr, frame.len());
+        |q: &QueueRuntime, c: &Chain| q.memory().prefetch_write(c.writable()[0].addr, frame.len());
     for c in &chains[..n.min(ahead)] {
-        prefetch(&rx.queue, c);
+        prefetch(rx, c);
     }
     for i in 0..n {
         if ahead > 0 && i + ahead < n {
-            prefetch(&rx.queue, &chains[i + ahead]);
+            prefetch(rx, &chains[i + ahead]);
         }
         let c = &chains[i];
-        rx.queue.memory().write(c.writable()[0].addr, &frame[..])?;
-        rx.queue.add_used_written(c, frame.len() as u32)?;
+        rx.memory().write(c.writable()[0].addr, &frame[..])?;
+        rx.add_used_written(c, frame.len() as u32, true)?;
     }
     Ok(n)
 }
@@ -427,30 +427,30 @@ fn deliver(
     chains: &mut Vec<Chain>,
     grown: &mut bool,
 ) -> Result<Delivery, RingError> {
-    let features = rx.queue.config().features();
+    let features = rx.features();
     let hdr_len = vnet::hdr_len(features);
     if !shared.accepts(frame.get(hdr_len..).unwrap_or(&[])) {
-        rx.counters.filtered.add(1);
+        rx.counters().filtered.add(1);
         return Ok(Delivery::Dropped);
     }
     let mergeable = features.contains(feature::MRG_RXBUF);
     let need = frame.len() as u64;
-    let max_buffers = MAX_MERGED_BUFFERS.min(rx.queue.config().size() as usize);
+    let max_buffers = MAX_MERGED_BUFFERS.min(rx.size() as usize);
     let mut have = 0u64;
     let mut used = 0usize;
     let mut segments = 0usize;
     while have < need {
         if used == max_buffers {
             // More buffers than a frame may take, and still short: the frame cannot fit.
-            rx.queue.undo_pop(used as u16);
-            rx.counters.dropped.add(1);
+            rx.undo_pop(used as u16);
+            rx.counters().dropped.add(1);
             return Ok(Delivery::Dropped);
         }
         if chains.len() <= used {
             chains.push(Chain::new());
         }
-        if !rx.queue.pop_into(&mut chains[used])? {
-            rx.queue.undo_pop(used as u16);
+        if !rx.pop_into(&mut chains[used])? {
+            rx.undo_pop(used as u16);
             return Ok(Delivery::NoRoom);
         }
         if chains[used].writable_len() == 0 {
@@ -463,8 +463,8 @@ fn deliver(
         segments += n;
         if segments > MAX_FRAME_SEGMENTS {
             // Scattered over more segments than a frame may take: it cannot fit.
-            rx.queue.undo_pop(used as u16 + 1);
-            rx.counters.dropped.add(1);
+            rx.undo_pop(used as u16 + 1);
+            rx.counters().dropped.add(1);
             return Ok(Delivery::Dropped);
         }
         have += chains[used].writable_len();
@@ -472,8 +472,8 @@ fn deliver(
         if !mergeable && have < need {
             // Without mergeable buffers a frame must fit one chain: drop the frame and leave
             // the buffer for the next one.
-            rx.queue.undo_pop(1);
-            rx.counters.dropped.add(1);
+            rx.undo_pop(1);
+            rx.counters().dropped.add(1);
             return Ok(Delivery::Dropped);
         }
     }
@@ -485,22 +485,11 @@ fn deliver(
     // stores to shared memory to drain, once per frame (measured: most of the rx path's time).
     let mut rest: &[u8] = frame;
     for (i, c) in chains[..used].iter().enumerate() {
-        let n = Writer::new(rx.queue.memory(), c.writable()).write(rest)?;
+        let n = Writer::new(rx.memory(), c.writable()).write(rest)?;
         rest = &rest[n..];
-        add_frame_buffer(&mut rx.queue, c, n as u32, i + 1 == used)?;
+        rx.add_used_written(c, n as u32, i + 1 == used)?;
     }
     Ok(Delivery::Delivered)
-}
-
-/// Marks buffer `c` of a frame used with `len` bytes written. A frame's buffers are published
-/// together, with its `last` (spec 5.1.6.4.2), whatever the used batch.
-fn add_frame_buffer(q: &mut DeviceQueue, c: &Chain, len: u32, last: bool) -> Result<(), RingError> {
-    if last {
-        q.add_used_written(c, len)?;
-    } else {
-        q.add_used_written_part(c, len)?;
-    }
-    Ok(())
 }
 
 /// Pops buffers after the posted ones for the `over` bytes of a frame that did not fit them,
@@ -515,8 +504,8 @@ fn post_overflow(
     let mut added = Vec::new();
     while !over.is_empty() {
         let mut c = spare.pop().unwrap_or_default();
-        if posted.len() + added.len() == MAX_MERGED_BUFFERS || !rx.queue.pop_into(&mut c)? {
-            rx.queue.undo_pop(popped);
+        if posted.len() + added.len() == MAX_MERGED_BUFFERS || !rx.pop_into(&mut c)? {
+            rx.undo_pop(popped);
             spare.push(c);
             spare.extend(added);
             return Ok(false);
@@ -525,7 +514,7 @@ fn post_overflow(
         if c.writable_len() == 0 {
             return Err(RingError::NoWritableBytes { head: c.head() });
         }
-        let k = Writer::new(rx.queue.memory(), c.writable()).write(over)?;
+        let k = Writer::new(rx.memory(), c.writable()).write(over)?;
         over = &over[k..];
         added.push(c);
     }
@@ -621,7 +610,7 @@ mod tests {
         );
         // Nothing more waits: the buffers posted for the next frame stay posted.
         assert_eq!(direct(&mut rx, &s, &host, 3000, 100).0, Ok(Direct::Empty));
-        rx.queue.as_mut().unwrap().queue.flush();
+        rx.queue.as_mut().unwrap().flush();
         assert_eq!(
             used(&mut driver),
             [(0, 1024), (1, 1024), (2, 452), (3, 100)]
@@ -638,13 +627,13 @@ mod tests {
         mem.read(Pair::buf(3, 0).addr, &mut got).unwrap();
         assert_eq!(got[vnet::HDR_LEN..], b[vnet::HDR_LEN..]);
         // Stopping gives the posted buffers (4, 5 and 6) back to the ring.
-        let before = rx.queue.as_ref().unwrap().queue.avail_idx_seen();
+        let before = rx.queue.as_ref().unwrap().avail_mark();
         rx.release();
-        let q = &mut rx.queue.as_mut().unwrap().queue;
+        let q = &mut rx.queue.as_mut().unwrap().engine();
         let mut c = Chain::new();
         assert!(q.pop_into(&mut c).unwrap());
         assert_eq!(c.head(), 4, "the first posted buffer is popped again");
-        assert_eq!(q.avail_idx_seen(), before);
+        assert_eq!(q.avail_mark(), before);
     }
 
     #[test]
@@ -677,7 +666,7 @@ mod tests {
         assert_eq!(direct(&mut rx, &s, &host, 3000, 100).0, Ok(Direct::NoRoom));
         // The two buffers are back on the ring: a copied frame takes the first.
         assert_eq!(rx.deliver(&s, &mut frame(100)), Ok(Delivery::Delivered));
-        rx.queue.as_mut().unwrap().queue.flush();
+        rx.queue.as_mut().unwrap().flush();
         assert_eq!(used(&mut driver), [(0, 100)]);
     }
 
@@ -694,7 +683,7 @@ mod tests {
             direct(&mut rx, &s, &host, 1000, 2500).0,
             Ok(Direct::Delivered(2500))
         );
-        rx.queue.as_mut().unwrap().queue.flush();
+        rx.queue.as_mut().unwrap().flush();
         assert_eq!(used(&mut driver), [(0, 1024), (1, 1024), (2, 452)]);
         let mut got = vec![0u8; 1024];
         mem.read(Pair::buf(1, 0).addr, &mut got).unwrap();
@@ -706,8 +695,8 @@ mod tests {
             direct(&mut rx, &s, &host, 1000, 2500).0,
             Ok(Direct::Dropped)
         );
-        assert_eq!(rx.queue.as_ref().unwrap().counters.dropped.get(), 1);
-        rx.queue.as_mut().unwrap().queue.flush();
+        assert_eq!(rx.queue.as_ref().unwrap().counters().dropped.get(), 1);
+        rx.queue.as_mut().unwrap().flush();
         assert!(used(&mut driver).is_empty());
         assert!(rx.has_buffers(), "the buffer stays posted");
     }
@@ -743,12 +732,12 @@ mod tests {
         ours[vnet::HDR_LEN..vnet::HDR_LEN + 6].copy_from_slice(&s.mac());
         let host = Host::with(&[other, ours]);
         assert_eq!(direct(&mut rx, &s, &host, 1530, 100).0, Ok(Direct::Dropped));
-        assert_eq!(rx.queue.as_ref().unwrap().counters.filtered.get(), 1);
+        assert_eq!(rx.queue.as_ref().unwrap().counters().filtered.get(), 1);
         assert_eq!(
             direct(&mut rx, &s, &host, 1530, 100).0,
             Ok(Direct::Delivered(100))
         );
-        rx.queue.as_mut().unwrap().queue.flush();
+        rx.queue.as_mut().unwrap().flush();
         assert_eq!(
             used(&mut driver),
             [(0, 100)],
@@ -762,7 +751,7 @@ mod tests {
         post_rx(&mut driver, 4, 1024);
         let mut f = frame(3000);
         assert_eq!(rx.deliver(&shared(), &mut f), Ok(Delivery::Delivered));
-        rx.queue.as_mut().unwrap().queue.flush();
+        rx.queue.as_mut().unwrap().flush();
         assert_eq!(used(&mut driver), [(0, 1024), (1, 1024), (2, 952)]);
         // num_buffers, in the first buffer's header.
         let mut hdr = [0u8; vnet::HDR_LEN];
@@ -786,7 +775,7 @@ mod tests {
             rx.deliver(&shared(), &mut frame(2000)),
             Ok(Delivery::Delivered)
         );
-        rx.queue.as_mut().unwrap().queue.flush();
+        rx.queue.as_mut().unwrap().flush();
         assert_eq!(used(&mut driver), [(0, 1024), (1, 976)]);
     }
 
@@ -799,14 +788,14 @@ mod tests {
             Ok(Delivery::Dropped)
         );
         let q = rx.queue.as_mut().unwrap();
-        assert_eq!(q.counters.dropped.get(), 1);
-        q.queue.flush();
+        assert_eq!(q.counters().dropped.get(), 1);
+        q.flush();
         assert!(used(&mut driver).is_empty());
         assert_eq!(
             rx.deliver(&shared(), &mut frame(100)),
             Ok(Delivery::Delivered)
         );
-        rx.queue.as_mut().unwrap().queue.flush();
+        rx.queue.as_mut().unwrap().flush();
         assert_eq!(used(&mut driver), [(0, 100)]);
     }
 
@@ -820,7 +809,7 @@ mod tests {
         f[vnet::HDR_LEN..vnet::HDR_LEN + 6].copy_from_slice(&[0x02, 1, 2, 3, 4, 5]);
         assert_eq!(rx.deliver(&s, &mut f), Ok(Delivery::Dropped));
         let q = rx.queue.as_ref().unwrap();
-        assert_eq!(q.counters.filtered.get(), 1);
+        assert_eq!(q.counters().filtered.get(), 1);
         // A burst refuses the frame too, and leaves it to `deliver`.
         assert_eq!(rx.deliver_burst(&s, &mut f, 8).unwrap(), 0);
     }
@@ -833,7 +822,7 @@ mod tests {
         assert_eq!(rx.deliver_burst(&shared(), &mut f, 4).unwrap(), 4);
         assert_eq!(rx.deliver_burst(&shared(), &mut f, 4).unwrap(), 2);
         assert_eq!(rx.deliver_burst(&shared(), &mut f, 4).unwrap(), 0);
-        rx.queue.as_mut().unwrap().queue.flush();
+        rx.queue.as_mut().unwrap().flush();
         let got = used(&mut driver);
         assert_eq!(got.len(), 6);
         assert!(got.iter().all(|&(_, len)| len == 100));
@@ -852,14 +841,14 @@ mod tests {
             Ok(Delivery::Dropped)
         );
         let q = rx.queue.as_mut().unwrap();
-        assert_eq!(q.counters.dropped.get(), 1);
-        q.queue.flush();
+        assert_eq!(q.counters().dropped.get(), 1);
+        q.flush();
         assert!(used(&mut driver).is_empty(), "the buffers are kept");
         assert_eq!(
             rx.deliver(&shared(), &mut frame(100)),
             Ok(Delivery::Delivered)
         );
-        rx.queue.as_mut().unwrap().queue.flush();
+        rx.queue.as_mut().unwrap().flush();
         assert_eq!(used(&mut driver), [(0, 64), (1, 36)]);
     }
 
@@ -908,7 +897,7 @@ mod tests {
             rx.deliver(&shared(), &mut frame(1000)),
             Ok(Delivery::Dropped)
         );
-        assert_eq!(rx.queue.as_ref().unwrap().counters.dropped.get(), 1);
+        assert_eq!(rx.queue.as_ref().unwrap().counters().dropped.get(), 1);
         assert!(rx.chains.iter().all(|c| c.capacity() <= KEEP_SEGMENTS));
         // One buffer's 600 segments are within the bound: a 500-byte frame goes in, and
         // the chains give back what it made them grow to.
@@ -917,7 +906,7 @@ mod tests {
             Ok(Delivery::Delivered)
         );
         let q = rx.queue.as_mut().unwrap();
-        assert_eq!(q.queue.stats().used, 1);
+        assert_eq!(q.engine_stats().used, 1);
         assert!(rx.chains.iter().all(|c| c.capacity() <= KEEP_SEGMENTS));
         rx.release();
         assert_eq!(rx.chains.capacity(), 0, "a stopped queue keeps no chains");
@@ -972,7 +961,7 @@ mod tests {
         assert!(!rx.has_buffers());
         assert!(rx.usable().is_none());
         let q = rx.queue.as_ref().unwrap();
-        assert!(q.counters.is_broken());
+        assert!(q.counters().is_broken());
         assert_eq!(s.err.read().unwrap(), 1);
     }
 
@@ -993,7 +982,7 @@ mod tests {
             .try_clone()
             .unwrap();
         let log = Arc::new(vring::DirtyLog::from_file(file, bytes, 0).unwrap());
-        let q = &mut rx.queue.as_mut().unwrap().queue;
+        let q = &mut rx.queue.as_mut().unwrap().engine();
         let used_ring = q.config().rings().used;
         q.set_dirty_log(Some(log.clone()), used_ring);
         let page = |i: u64| Pair::buf(i, 0).addr.0 / 4096;
@@ -1007,13 +996,13 @@ mod tests {
             direct(&mut rx, &s, &host, 5000, 2500).0,
             Ok(Direct::Delivered(2500))
         );
-        rx.queue.as_mut().unwrap().queue.flush();
+        rx.queue.as_mut().unwrap().flush();
         assert_eq!(log.take_dirty(), [ring, page(0), page(1), page(2)]);
         rx.release();
         // A copied frame over the two buffers given back (3, 4), then a burst of two (5, 6).
         assert_eq!(rx.deliver(&s, &mut frame(1500)), Ok(Delivery::Delivered));
         assert_eq!(rx.deliver_burst(&s, &mut frame(100), 2), Ok(2));
-        rx.queue.as_mut().unwrap().queue.flush();
+        rx.queue.as_mut().unwrap().flush();
         assert_eq!(log.take_dirty(), [ring, page(3), page(4), page(5), page(6)]);
         // A 1500-byte frame for another MAC, read into buffers 7 and 8 (posted for 2000
         // bytes), refused: they stay posted, and the bytes it left there are marked.

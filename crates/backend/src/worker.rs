@@ -58,7 +58,7 @@ impl Turn {
     fn at_weight(&mut self, bytes: u64, q: &QueueRuntime) -> bool {
         if self.frames >= WEIGHT_PACKETS || bytes >= WEIGHT_BYTES {
             self.exhausted = true;
-            q.counters.weight_exhausted.add(1);
+            q.counters().weight_exhausted.add(1);
         }
         self.exhausted
     }
@@ -256,7 +256,7 @@ impl<H: Host> Worker<H> {
                     // A port fd given up on is tried again with each queue start: a TAP queue
                     // detached meanwhile (its pair disabled) reported an error until attached.
                     self.host_gone = false;
-                    if matches!(q.id, QueueId::Rx(_)) {
+                    if matches!(q.id(), QueueId::Rx(_)) {
                         self.rx.release();
                         install_queue(&self.epoll, &mut self.rx.queue, *q, EV_RX_KICK);
                         if let Some(q) = &self.rx.queue {
@@ -272,7 +272,7 @@ impl<H: Host> Worker<H> {
                         if self.host.rx_stopped() {
                             // The frame waiting for buffers goes with the queue's owner.
                             if let Some(q) = &self.rx.queue {
-                                q.counters.dropped.add(1);
+                                q.counters().dropped.add(1);
                             }
                         }
                         self.rx.release();
@@ -311,7 +311,7 @@ impl<H: Host> Worker<H> {
             }
             self.tx_waits_host = false;
         }
-        let hdr_len = vnet::hdr_len(tx.queue.config().features());
+        let hdr_len = vnet::hdr_len(tx.features());
         let batch = self.host.tx_batch().clamp(1, WEIGHT_PACKETS);
         if self.chains.len() < batch {
             self.chains.resize_with(batch, Chain::new);
@@ -329,7 +329,7 @@ impl<H: Host> Worker<H> {
             let mut popped = 0;
             let mut pop_error = None;
             while popped < want {
-                match tx.queue.pop_into(&mut self.chains[popped]) {
+                match tx.pop_into(&mut self.chains[popped]) {
                     Ok(true) => popped += 1,
                     Ok(false) => break,
                     Err(e) => {
@@ -343,11 +343,11 @@ impl<H: Host> Worker<H> {
             }
             self.sent.clear();
             if batch > 1 {
-                tx.counters.host_batches.add(1);
+                tx.counters().host_batches.add(1);
             }
             let chains = &self.chains[..popped];
             let sent = self.host.send_batch(
-                tx.queue.memory(),
+                tx.memory(),
                 chains,
                 &mut self.rx,
                 &self.shared,
@@ -356,25 +356,25 @@ impl<H: Host> Worker<H> {
             for (i, (chain, s)) in chains.iter().zip(&self.sent).enumerate() {
                 match *s {
                     Sent::Taken => {}
-                    Sent::Dropped => tx.counters.dropped.add(1),
+                    Sent::Dropped => tx.counters().dropped.add(1),
                     Sent::Refused(why) => {
-                        tx.counters.dropped.add(1);
-                        tx.counters.hdr_refused(&why);
+                        tx.counters().dropped.add(1);
+                        tx.counters().hdr_refused(&why);
                     }
                     Sent::Later | Sent::Busy => {
                         // Not now: this frame and the ones after it stay on tx, until the
                         // guest posts rx buffers (Later) or the host is writable (Busy).
-                        tx.queue.undo_pop((popped - i) as u16);
+                        tx.undo_pop((popped - i) as u16);
                         if *s == Sent::Later {
                             self.rx.block();
                         } else {
-                            tx.counters.host_pushback.add(1);
+                            tx.counters().host_pushback.add(1);
                             self.tx_waits_host = true;
                         }
                         break 'turn Ok(());
                     }
                 }
-                if let Err(e) = tx.queue.add_used(chain.head(), 0) {
+                if let Err(e) = tx.add_used(chain.head(), 0) {
                     break 'turn Err(e);
                 }
                 turn.frames += 1;
@@ -389,7 +389,7 @@ impl<H: Host> Worker<H> {
                 break Err(e);
             }
             if tried < popped {
-                tx.queue.undo_pop((popped - tried) as u16);
+                tx.undo_pop((popped - tried) as u16);
                 if tried == 0 {
                     // The port took none (its ring failed, say): try again next turn rather
                     // than spin here.
@@ -397,7 +397,7 @@ impl<H: Host> Worker<H> {
                 }
             }
         };
-        let c = &tx.counters;
+        let c = &tx.counters();
         c.packets.add(turn.frames as u64);
         c.bytes.add(bytes);
         match result {
@@ -445,7 +445,7 @@ impl<H: Host> Worker<H> {
         let Some(rx) = self.rx.queue.as_mut() else {
             return turn;
         };
-        let c = &rx.counters;
+        let c = &rx.counters();
         c.packets.add(delivered as u64);
         c.bytes.add(bytes);
         match result {
@@ -474,7 +474,7 @@ impl<H: Host> Worker<H> {
             self.rx.queue.as_mut(),
         ];
         for q in queues.into_iter().flatten().filter(|q| q.usable()) {
-            match q.queue.enable_notification() {
+            match q.enable_notification() {
                 Ok(p) => pending |= p,
                 Err(e) => break_queue(q, &e.into()),
             }
@@ -530,7 +530,7 @@ impl<H: Host> Worker<H> {
             pair = self.pair,
             "the host port's fd reports an error; no longer watched"
         );
-        self.queues().for_each(|q| q.counters.host_errors.add(1));
+        self.queues().for_each(|q| q.counters().host_errors.add(1));
         if let Some(fd) = self.host.fd() {
             let _ = self
                 .epoll
@@ -558,7 +558,7 @@ impl<H: Host> Worker<H> {
     }
 
     fn disarm_notifications(&mut self) {
-        self.queues().for_each(|q| q.queue.disable_notification());
+        self.queues().for_each(|q| q.disable_notification());
     }
 }
 
@@ -663,9 +663,11 @@ mod tests {
         let (_rd, wr) = pipe();
         let shared = Arc::new(shared());
         let s = setup_sized(QueueId::Tx(0), Features::VERSION_1, 256);
-        let counters = s.runtime.counters.clone();
+        let counters = s.runtime.counters().clone();
         // A poll of a second: only the shutdown can end it sooner.
-        s.runtime.tunables.set_busy_poll(BusyPoll::Fixed(1_000_000));
+        s.runtime
+            .tunables()
+            .set_busy_poll(BusyPoll::Fixed(1_000_000));
         let wake = vmm_sys_util::eventfd::EventFd::new(libc::EFD_NONBLOCK).unwrap();
         let worker = WorkerHandle::spawn("t-poll-shutdown".into(), wake, move |inbox| {
             let port = PipePort::new(wr, false);
@@ -718,7 +720,7 @@ mod tests {
         let (mut rd, wr) = pipe();
         let shared = Arc::new(shared());
         let s = setup_sized(QueueId::Tx(0), Features::VERSION_1, 256);
-        let (mut driver, mem, counters) = (s.driver, s.mem, s.runtime.counters.clone());
+        let (mut driver, mem, counters) = (s.driver, s.mem, s.runtime.counters().clone());
         for i in 0..FRAMES {
             // Each frame: its number in every byte (after the 12-byte header, zero).
             let addr = testkit::Pair::buf(i as u64, LEN);
@@ -790,14 +792,14 @@ mod tests {
         let (mut rd, wr) = pipe();
         let shared = Arc::new(shared());
         let s = setup_sized(QueueId::Tx(0), Features::VERSION_1, 256);
-        let (mut driver, mem, counters) = (s.driver, s.mem, s.runtime.counters.clone());
+        let (mut driver, mem, counters) = (s.driver, s.mem, s.runtime.counters().clone());
         for i in 0..FRAMES {
             let addr = testkit::Pair::buf(i as u64, 2000);
             mem.write(addr.addr, &[0u8; vnet::HDR_LEN]).unwrap();
             driver.add(&[addr], &[], i).unwrap();
         }
         // The frontend clears O_NONBLOCK on the call eventfd it shares and fills the counter.
-        let call = s.runtime.call.as_ref().unwrap();
+        let call = s.runtime.call_fd().unwrap();
         virtnet_sys::set_nonblocking(call.as_fd(), false).unwrap();
         call.to_eventfd().unwrap().write(u64::MAX - 1).unwrap();
         let name = "t-waits-broken";
@@ -842,7 +844,7 @@ mod tests {
         let (rd, wr) = pipe();
         let shared = Arc::new(shared());
         let s = setup_sized(QueueId::Tx(0), Features::VERSION_1, 256);
-        let (mut driver, mem, counters) = (s.driver, s.mem, s.runtime.counters.clone());
+        let (mut driver, mem, counters) = (s.driver, s.mem, s.runtime.counters().clone());
         for i in 0..FRAMES {
             let addr = testkit::Pair::buf(i as u64, 2000);
             mem.write(addr.addr, &[0u8; vnet::HDR_LEN]).unwrap();

@@ -14,6 +14,7 @@ use crate::chain::{Chain, Segment};
 use crate::error::Broken;
 use crate::event::vring_need_event;
 use crate::layout::{used_ring_offset, AVAIL_F_NO_INTERRUPT, USED_ELEM_SIZE, USED_F_NO_NOTIFY};
+use crate::position::AvailMark;
 use crate::ring::Rings;
 use crate::{DirtyLog, Error, GuestAddress, GuestMemory, QueueConfig, RingPosition};
 
@@ -127,10 +128,12 @@ impl DeviceQueue {
     pub fn position(&self) -> RingPosition {
         RingPosition::split(self.last_avail)
     }
-    /// `avail.idx` as last read (by a pop, `avail_pending` or `avail_idx`), without reading it
-    /// again: the device has seen no chain from there on.
-    pub fn avail_idx_seen(&self) -> u16 {
-        self.avail_cache
+    /// What the driver had made available when the device last looked (by a pop,
+    /// `avail_pending` or `avail_moved`), without looking again: the device has seen no chain
+    /// from there on. A caller short of buffers keeps it to ask [`DeviceQueue::avail_moved`]
+    /// later.
+    pub fn avail_mark(&self) -> AvailMark {
+        AvailMark(self.avail_cache)
     }
     /// The first protocol violation, if the queue is broken.
     pub fn broken(&self) -> Option<&Error> {
@@ -243,12 +246,12 @@ impl DeviceQueue {
         self.refresh_avail()
     }
 
-    /// The driver's latest avail index (read and checked now): lets a caller that is waiting
-    /// for more buffers tell whether any were added.
-    pub fn avail_idx(&mut self) -> Result<u16, Error> {
+    /// Whether the driver has made chains available since `mark` (read and checked now): lets
+    /// a caller that is waiting for more buffers tell whether any were added.
+    pub fn avail_moved(&mut self, mark: AvailMark) -> Result<bool, Error> {
         self.broken.check()?;
         self.refresh_avail()?;
-        Ok(self.avail_cache)
+        Ok(self.avail_cache != mark.0)
     }
 
     /// Pops the next available chain into `chain`, reusing its allocation. Returns false when

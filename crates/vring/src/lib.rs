@@ -51,4 +51,4 @@ pub use features::Features;
 pub use layout::RingAddresses;
 pub use memory::{DirtyLog, GuestAddress, GuestMemory, UringWriter, MAX_IOVECS};
 pub use pace::PollPace;
-pub use position::RingPosition;
+pub use position::{AvailMark, RingPosition};

@@ -44,6 +44,13 @@ impl RingPosition {
     }
 }
 
+/// How far the driver had made chains available when the device last looked: kept by a
+/// device that ran short of buffers, to tell later whether the driver has added any
+/// (`DeviceQueue::avail_mark`, `DeviceQueue::avail_moved`). Opaque for the same reason as
+/// [`RingPosition`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AvailMark(pub(crate) u16);
+
 #[cfg(test)]
 mod tests {
     use super::*;

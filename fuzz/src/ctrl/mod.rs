@@ -107,7 +107,8 @@ pub fn run(input: &CtrlInput) -> Outcome {
     };
     let mut driver: DriverQueue<usize> =
         DriverQueue::activate(&qconfig, memory.clone(), Some(area)).expect("driver queue");
-    let device = DeviceQueue::activate(&qconfig, memory.clone(), vring::RingPosition::START).expect("device queue");
+    let device = DeviceQueue::activate(&qconfig, memory.clone(), vring::RingPosition::START)
+        .expect("device queue");
     let kick = EventFd::new(EFD_NONBLOCK).unwrap();
     let err = EventFd::new(EFD_NONBLOCK).unwrap();
     let mut rt = fuzzing::queue_runtime(
@@ -184,7 +185,7 @@ pub fn run(input: &CtrlInput) -> Outcome {
             }
             CtrlOp::Process => {
                 let used_before = peek16(&memory, rings.used.0 + 2);
-                let was_broken = rt.queue.broken().is_some();
+                let was_broken = rt.ring_broken().is_some();
                 let state_before = Model::of(&shared);
                 let n = fuzzing::process_commands(&shared, &mut rt, &mut chain);
                 if was_broken {
@@ -240,7 +241,7 @@ pub fn run(input: &CtrlInput) -> Outcome {
         }
         check_bounds(&shared, &rt, &err, honest, &mut was_broken);
     }
-    out.broken = rt.queue.broken().map(|e| e.to_string());
+    out.broken = rt.ring_broken().map(|e| e.to_string());
     out
 }
 
@@ -331,7 +332,7 @@ fn check_bounds(
         (1..=pairs).contains(&active),
         "{active} active pairs of {pairs}"
     );
-    let broken = rt.queue.broken().is_some();
+    let broken = rt.ring_broken().is_some();
     assert_eq!(
         shared.queue_counters(QueueId::Ctrl).is_broken(),
         broken,

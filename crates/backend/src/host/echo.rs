@@ -43,7 +43,7 @@ impl Host for EchoPort {
             Ok(Delivery::Delivered) => {
                 let hdr_len = rx.hdr_len();
                 if let Some(q) = rx.queue.as_ref() {
-                    let c = &q.counters;
+                    let c = &q.counters();
                     c.packets.add(1);
                     c.bytes.add(n.saturating_sub(hdr_len) as u64);
                 }
@@ -89,11 +89,11 @@ mod tests {
         let frame: Vec<u8> = (0..200u8).collect();
         tx.mem.write(Pair::buf(0, 0).addr, &frame).unwrap();
         tx.driver.add(&[Pair::buf(0, 200)], &[], 7).unwrap();
-        let chain = tx.runtime.queue.pop().unwrap().unwrap();
+        let chain = tx.runtime.engine().pop().unwrap().unwrap();
         let mut port = EchoPort::default();
         let s = shared();
         let send = |port: &mut EchoPort, path: &mut RxPath| {
-            port.send(tx.runtime.queue.memory(), &chain, path, &s)
+            port.send(tx.runtime.memory(), &chain, path, &s)
         };
         assert_eq!(
             send(&mut port, &mut path),
@@ -103,9 +103,9 @@ mod tests {
         post_rx(&mut rx_driver, 1, 1024);
         assert_eq!(send(&mut port, &mut path), Ok(Sent::Taken));
         let q = path.queue.as_mut().unwrap();
-        q.queue.flush();
+        q.flush();
         assert_eq!(used(&mut rx_driver), [(0, 200)]);
-        assert_eq!(q.counters.packets.get(), 1);
+        assert_eq!(q.counters().packets.get(), 1);
         let mut back = vec![0u8; 200];
         rx_mem.read(Pair::buf(0, 0).addr, &mut back).unwrap();
         // The header's num_buffers is the device's; the frame after it comes back as sent.

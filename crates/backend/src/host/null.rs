@@ -48,7 +48,7 @@ impl NullPort {
 
 impl Host for NullPort {
     fn rx_started(&mut self, rx: &QueueRuntime) {
-        self.build_frame(vnet::hdr_len(rx.queue.config().features()));
+        self.build_frame(vnet::hdr_len(rx.features()));
     }
 
     fn send(
@@ -112,7 +112,7 @@ mod tests {
         let got = port.receive(&mut rx, &shared(), 6).unwrap();
         assert_eq!(got.frames, 4, "only 4 buffers left");
         assert_eq!(port.receive(&mut rx, &shared(), 6).unwrap().frames, 0);
-        rx.queue.as_mut().unwrap().queue.flush();
+        rx.queue.as_mut().unwrap().flush();
         let used = used(&mut s.driver);
         assert_eq!(used.len(), 10);
         assert!(used

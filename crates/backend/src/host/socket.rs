@@ -93,7 +93,7 @@ impl Host for SocketPort {
     ) -> Result<Received, RingError> {
         let count_drop = |rx: &RxPath| {
             if let Some(q) = &rx.queue {
-                q.counters.dropped.add(1);
+                q.counters().dropped.add(1);
             }
         };
         let n = match self.pending.take() {
@@ -103,7 +103,7 @@ impl Host for SocketPort {
                 if !rx.has_buffers() {
                     return Ok(Received::default());
                 }
-                let features = rx.queue.as_ref().map(|q| q.queue.config().features());
+                let features = rx.queue.as_ref().map(|q| q.features());
                 let max_frame =
                     max_rx_frame(features.unwrap_or_default(), shared.mtu.load(Relaxed));
                 let socket = &self.socket;
@@ -137,7 +137,7 @@ impl Host for SocketPort {
                     return Ok(Received::DROPPED);
                 }
                 if let Some(q) = &rx.queue {
-                    q.counters.rx_bounced.add(1);
+                    q.counters().rx_bounced.add(1);
                 }
                 n
             }
@@ -210,13 +210,13 @@ mod tests {
             s.driver
                 .add(&[Pair::buf(0, 12), Pair::buf(1, 1500)], &[], 0)
                 .unwrap();
-            let c = s.runtime.queue.pop().unwrap().unwrap();
-            match port.send(s.runtime.queue.memory(), &c, &mut rx, &sh) {
+            let c = s.runtime.engine().pop().unwrap().unwrap();
+            match port.send(s.runtime.memory(), &c, &mut rx, &sh) {
                 Ok(Sent::Taken) => sent += 1,
                 other => break other,
             }
-            s.runtime.queue.add_used(c.head(), 0).unwrap();
-            s.runtime.queue.flush();
+            s.runtime.add_used(c.head(), 0).unwrap();
+            s.runtime.flush();
             used(&mut s.driver);
             assert!(sent < 10_000, "the socket never filled");
         };
@@ -246,7 +246,7 @@ mod tests {
         assert!(port.has_frames());
         let got = port.receive(&mut rx, &sh, 64).unwrap();
         assert_eq!((got.frames, got.bytes, got.dropped), (1, 64, 0));
-        rx.queue.as_mut().unwrap().queue.flush();
+        rx.queue.as_mut().unwrap().flush();
         assert_eq!(used(&mut s.driver), [(0, msg.len() as u32)]);
         let mut back = vec![0u8; msg.len()];
         s.mem.read(Pair::buf(0, 0).addr, &mut back).unwrap();
@@ -262,7 +262,7 @@ mod tests {
         let mut s = setup(QueueId::Rx(0), f);
         let (mut port, peer) = port();
         post_rx(&mut s.driver, 4, 2048);
-        let counters = s.runtime.counters.clone();
+        let counters = s.runtime.counters().clone();
         let mut rx = RxPath::with_queue(s.runtime);
         let sh = shared();
         // Longer than the MTU's frame (1530 bytes with its header), and than any frame.
@@ -282,7 +282,7 @@ mod tests {
             (1, 60),
             "the next message is whole"
         );
-        rx.queue.as_mut().unwrap().queue.flush();
+        rx.queue.as_mut().unwrap().flush();
         assert_eq!(used(&mut s.driver), [(0, small.len() as u32)]);
     }
 }

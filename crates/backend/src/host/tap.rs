@@ -222,7 +222,7 @@ impl Host for TapPort {
                 }
                 // Straight into the guest's buffers when it has posted enough for the largest
                 // frame: with the MTU in effect (NET_SET_MTU may change it).
-                let features = rx.queue.as_ref().map(|q| q.queue.config().features());
+                let features = rx.queue.as_ref().map(|q| q.features());
                 let mtu = shared.mtu.load(Relaxed);
                 let max_frame = max_rx_frame(features.unwrap_or_default(), mtu);
                 let tap = &self.tap;
@@ -239,7 +239,7 @@ impl Host for TapPort {
                     return Ok(Received::default());
                 };
                 if let Some(q) = &rx.queue {
-                    q.counters.rx_bounced.add(1);
+                    q.counters().rx_bounced.add(1);
                 }
                 n
             }
@@ -286,7 +286,7 @@ mod tests {
             Pair::buf(2, payload),
         ];
         s.driver.add(&bufs, &[], 0).unwrap();
-        let c = s.runtime.queue.pop().unwrap().unwrap();
+        let c = s.runtime.engine().pop().unwrap().unwrap();
         (c, s)
     }
 
@@ -300,7 +300,7 @@ mod tests {
         };
         let with_csum = Features::VERSION_1 | feature::CSUM;
         let (c, s) = chain(csum, 60);
-        let mem = s.runtime.queue.memory();
+        let mem = s.runtime.memory();
         assert!(matches!(check_header(mem, &c, with_csum), Ok(Ok(_))));
         // Without CSUM negotiated, or with the checksum past the frame: refused.
         assert!(matches!(
@@ -308,7 +308,7 @@ mod tests {
             Ok(Err(TxHdrError::NotNegotiated))
         ));
         let (c, s) = chain(csum, 21);
-        let mem = s.runtime.queue.memory();
+        let mem = s.runtime.memory();
         assert!(matches!(
             check_header(mem, &c, with_csum),
             Ok(Err(TxHdrError::Csum { .. }))
@@ -321,8 +321,8 @@ mod tests {
         s.driver
             .add(&[Buf::new(Pair::buf(0, 0).addr, 8)], &[], 0)
             .unwrap();
-        let c = s.runtime.queue.pop().unwrap().unwrap();
-        let got = check_header(s.runtime.queue.memory(), &c, Features::VERSION_1);
+        let c = s.runtime.engine().pop().unwrap().unwrap();
+        let got = check_header(s.runtime.memory(), &c, Features::VERSION_1);
         assert!(matches!(got, Ok(Err(TxHdrError::Short))));
     }
 
@@ -338,9 +338,9 @@ mod tests {
         let mut bufs = vec![Pair::buf(0, vnet::HDR_LEN as u32)];
         bufs.extend((0..8).map(|_| Buf::new(Pair::buf(1, 0).addr, 1 << 20)));
         s.driver.add(&bufs, &[], 0).unwrap();
-        let c = s.runtime.queue.pop().unwrap().unwrap();
+        let c = s.runtime.engine().pop().unwrap().unwrap();
         assert_eq!(c.readable_len(), (vnet::HDR_LEN + (8 << 20)) as u64);
-        let got = check_header(s.runtime.queue.memory(), &c, Features::VERSION_1);
+        let got = check_header(s.runtime.memory(), &c, Features::VERSION_1);
         assert!(matches!(
             got,
             Ok(Err(TxHdrError::TooLong { len: 0x80_0000 }))

@@ -19,7 +19,7 @@ impl<H: Host> Worker<H> {
             .into_iter()
             .flatten()
             .find(|q| q.usable())?;
-        let (counters, tunables) = (&q.counters, &q.tunables);
+        let (counters, tunables) = (q.counters(), q.tunables());
         let us = match tunables.busy_poll() {
             BusyPoll::Off => return None,
             BusyPoll::Fixed(us) => us,
