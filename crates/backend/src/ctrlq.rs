@@ -9,7 +9,6 @@
 //! against interrupt-driven completion.
 
 use std::os::fd::AsRawFd;
-use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
@@ -64,8 +63,8 @@ pub(crate) fn process_commands(shared: &Shared, q: &mut QueueRuntime, chain: &mu
             }
         }
         #[cfg(feature = "experiments")]
-        if shared.config.ctrl_delay_us > 0 {
-            let delay = shared.config.ctrl_delay_us as u64;
+        if shared.config().ctrl_delay_us > 0 {
+            let delay = shared.config().ctrl_delay_us as u64;
             std::thread::sleep(std::time::Duration::from_micros(delay));
         }
         let result = CtrlWorker::answer(shared, q.memory(), chain);
@@ -100,7 +99,7 @@ impl CtrlWorker {
 
     /// Runs until shut down, or until its epoll set fails (then no control queue can run).
     pub fn run(&mut self) -> Result<(), Error> {
-        if self.shared.config.seccomp {
+        if self.shared.config().seccomp {
             virtnet_sys::sandbox::restrict_thread().map_err(Error::host(
                 "installing the control worker's seccomp filter",
             ))?;
@@ -149,7 +148,12 @@ impl CtrlWorker {
     fn handle_commands(&mut self) -> bool {
         while let Some(cmd) = self.inbox.next() {
             match cmd {
-                Command::Start(q) => install_queue(&self.epoll, &mut self.queue, *q, EV_KICK),
+                Command::Start(q) => {
+                    let q = install_queue(&self.epoll, *q, EV_KICK);
+                    if let Some(old) = self.queue.replace(q) {
+                        retire_queue(&self.epoll, old);
+                    }
+                }
                 Command::Stop { reply, .. } => {
                     let _ = reply.send(self.queue.take().map(|q| retire_queue(&self.epoll, q)));
                 }
@@ -214,7 +218,7 @@ impl CtrlWorker {
 
     /// Applies a command to the device; returns the reply bytes of a GET.
     fn apply(shared: &Shared, cmd: CtrlCommand) -> Result<Option<[u8; 8]>, String> {
-        let pairs = shared.config.pairs;
+        let pairs = shared.pairs();
         let set_every = |of_pair: fn(u16) -> QueueId, coal: Coalesce| {
             (0..pairs).for_each(|p| shared.queue_tunables(of_pair(p)).set_coalesce(coal));
         };
@@ -230,11 +234,9 @@ impl CtrlWorker {
                 }
                 shared.set_active_pairs(n).map_err(|e| e.to_string())?;
             }
-            CtrlCommand::RxPromisc(on) => shared.promisc.store(on, Relaxed),
-            CtrlCommand::RxAllmulti(on) => shared.allmulti.store(on, Relaxed),
-            CtrlCommand::MacAddrSet(mac) => {
-                shared.mac.store(super::shared::mac_to_u64(mac), Relaxed)
-            }
+            CtrlCommand::RxPromisc(on) => shared.set_promisc(on),
+            CtrlCommand::RxAllmulti(on) => shared.set_allmulti(on),
+            CtrlCommand::MacAddrSet(mac) => shared.set_mac(mac),
             CtrlCommand::NotfCoalTx(c) => set_every(QueueId::Tx, c),
             CtrlCommand::NotfCoalRx(c) => set_every(QueueId::Rx, c),
             CtrlCommand::VqNotfCoalSet { vqn, coal } => data_queue(vqn)?.set_coalesce(coal),

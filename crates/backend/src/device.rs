@@ -1,36 +1,31 @@
 //! The device: the shared state ([`Shared`]) plus the worker threads, which outlive
-//! connections (the TAP queues, workers and counters stay when a frontend goes away, and the
+//! connections (the port's queues, workers and counters stay when a frontend goes away, and the
 //! next connection, a QEMU `reconnect=1`, picks them up).
 
 use std::io;
-use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 use vnet::feature;
 use vring::Features;
 
+use super::config::{check_pairs, BackendConfig};
 use super::ctrlq::CtrlWorker;
-use super::host::{echo::EchoPort, null::NullPort, socket::SocketPort, tap::TapPort, Host};
+use super::host::{self, Port};
 use super::metrics::{QueueCounters, QueueReport};
 use super::poll::BusyPoll;
 use super::queue::QueueId;
-use super::shared::{check_pairs, mac_to_u64, BackendConfig, IoMode, Shared};
-use super::thread::WorkerHandle;
+use super::shared::Shared;
+use super::thread::{WorkerHandle, PAIR_THREAD};
 use super::worker::Worker;
-use virtnet_sys::tap::{TapOffloads, TapQueue};
 
-/// The name of each pair's worker thread, followed by the pair's number (how the board of
-/// pinned workers, `crate::siblings`, recognises another backend's worker).
-pub const PAIR_THREAD: &str = "virtnet-pair";
-
-/// Starts the worker of pair `pair` on host port `host`.
-fn spawn_pair<H: Host>(pair: u16, host: H, shared: &Arc<Shared>) -> io::Result<WorkerHandle> {
-    let wake = shared.wakes[pair as usize].try_clone()?;
+/// Starts the worker of pair `pair` on host port `port`.
+fn spawn_pair(pair: u16, port: Box<dyn Port>, shared: &Arc<Shared>) -> io::Result<WorkerHandle> {
+    let wake = shared.wake(pair).try_clone()?;
     let s = shared.clone();
     WorkerHandle::spawn(
         format!("{PAIR_THREAD}{pair}"),
         wake,
-        move |inbox| match Worker::new(pair, host, s, inbox) {
+        move |inbox| match Worker::new(pair, port, s, inbox) {
             Ok(mut w) => report_exit("data", w.run()),
             Err(e) => tracing::error!(pair, error = %e, "cannot start the pair's worker"),
         },
@@ -54,63 +49,15 @@ pub struct Device {
 impl Device {
     pub fn new(config: BackendConfig) -> io::Result<Arc<Device>> {
         check_pairs(config.pairs)?;
-        // The data queues' TAP handles first: the shared state keeps a control handle on each.
-        let mut taps = Vec::new();
-        let mut tap_queues = Vec::new();
-        if let IoMode::Tap(name) = &config.io {
-            for _ in 0..config.pairs {
-                let q = TapQueue::open(name)?;
-                q.set_vnet_hdr_len(vnet::HDR_LEN)?;
-                if let Some(bytes) = config.tap_sndbuf {
-                    q.set_sndbuf(bytes)?;
-                }
-                taps.push(TapQueue::open_clone(&q)?);
-                tap_queues.push(q);
-            }
-        }
-        if let IoMode::Socket(s) = &config.io {
-            if s.len() != config.pairs as usize {
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidInput,
-                    format!("{} sockets for {} queue pairs", s.len(), config.pairs),
-                ));
-            }
-        }
+        let opened = host::open(&config)?;
         if config.seccomp {
             // Sandboxed workers cannot start the watchdog thread on their first call.
             virtnet_sys::peer_fd::prepare_watchdog()?;
         }
-        let io = config.io.clone();
-        let shared = Arc::new(Shared::new(config, taps)?);
-        if let Some(tap) = shared.taps.first() {
-            // The MTU asked for is set on the TAP's interface; otherwise the interface's is
-            // the device's.
-            match shared.config.mtu {
-                Some(mtu) => {
-                    shared
-                        .set_mtu(mtu.into())
-                        .map_err(|e| io::Error::other(e.to_string()))?;
-                }
-                None => shared.mtu.store(tap.mtu()?, Relaxed),
-            }
-        }
+        let shared = Arc::new(Shared::new(config, opened.control)?);
         let mut workers = Vec::new();
-        let mut tap_queues = tap_queues.into_iter();
-        for p in 0..shared.config.pairs {
-            let worker = match &io {
-                IoMode::Tap(_) => {
-                    let q = tap_queues.next().expect("one TAP queue per pair");
-                    spawn_pair(
-                        p,
-                        TapPort::new(q, shared.config.tap_io, shared.config.tap_sndbuf.is_some()),
-                        &shared,
-                    )
-                }
-                IoMode::Null { size } => spawn_pair(p, NullPort::new(*size, p), &shared),
-                IoMode::Echo => spawn_pair(p, EchoPort::default(), &shared),
-                IoMode::Socket(s) => spawn_pair(p, SocketPort::new(s.duplicate(p)?)?, &shared),
-            };
-            workers.push(worker?);
+        for (p, port) in (0..).zip(opened.ports) {
+            workers.push(spawn_pair(p, port, &shared)?);
         }
         let wake = vmm_sys_util::eventfd::EventFd::new(libc::EFD_NONBLOCK)?;
         let s = shared.clone();
@@ -130,24 +77,25 @@ impl Device {
     }
     /// Virtqueues: two per pair and the control queue.
     pub fn num_queues(&self) -> usize {
-        self.shared.counters.len()
+        self.shared.num_queues()
     }
     pub fn pairs(&self) -> u16 {
-        self.shared.config.pairs
+        self.shared.pairs()
     }
     pub fn mac(&self) -> [u8; 6] {
         self.shared.mac()
     }
     /// The MTU in effect (the config space's `mtu`).
     pub fn mtu(&self) -> u16 {
-        self.shared.mtu.load(Relaxed)
+        self.shared.mtu()
     }
     pub fn offered_features(&self) -> Features {
-        self.shared.offered
+        self.shared.offered()
     }
     /// The counters of virtqueue `queue`, by index.
     pub fn counters(&self, queue: usize) -> Arc<QueueCounters> {
-        self.shared.counters[queue].clone()
+        let id = QueueId::from_index(queue, self.pairs()).expect("a virtqueue of the device");
+        self.shared.queue_counters(id).clone()
     }
     /// The worker serving queue `id`: its pair's, or the control queue's (the last).
     pub fn worker(&self, id: QueueId) -> &WorkerHandle {
@@ -168,7 +116,7 @@ impl Device {
 
     /// Sets busy polling of one queue, or of all.
     pub fn set_busy_poll(&self, b: BusyPoll, queue: Option<usize>) -> Result<(), String> {
-        let m = &self.shared.tunables;
+        let m = self.shared.tunables();
         match queue {
             Some(q) => m.get(q).ok_or(format!("no queue {q}"))?.set_busy_poll(b),
             None => m.iter().for_each(|m| m.set_busy_poll(b)),
@@ -176,52 +124,13 @@ impl Device {
         Ok(())
     }
 
-    /// Applies the negotiated header length and guest offloads to every TAP queue.
-    pub fn configure_tap(&self, hdr_len: usize, offloads: TapOffloads) -> io::Result<()> {
-        for t in &self.shared.taps {
-            t.set_vnet_hdr_len(hdr_len)?;
-            t.set_offloads(offloads)?;
-        }
-        Ok(())
-    }
-
-    /// Announces `mac` after a live migration: a RARP broadcast from it out of the TAP, as
-    /// if the guest sent it (the first pair's queue, which is always active). Without a TAP
-    /// it is only logged; returns whether a frame went out.
-    pub fn announce(&self, mac: [u8; 6]) -> io::Result<bool> {
-        let mac_text = mac.map(|b| format!("{b:02x}")).join(":");
-        let Some(tap) = self.shared.taps.first() else {
-            tracing::info!(mac = %mac_text, "SEND_RARP: no TAP, nothing to announce on");
-            return Ok(false);
-        };
-        // The TAP expects the header length negotiated (10 before any features).
-        let hdr_len = vnet::hdr_len(Features(self.shared.features.load(Relaxed)));
-        let mut buf = vec![0u8; hdr_len];
-        buf.extend_from_slice(&super::rarp::frame(mac));
-        tap.write(&buf)?;
-        tracing::info!(mac = %mac_text, tap = tap.name(), "SEND_RARP: RARP announcement sent");
-        Ok(true)
-    }
-
-    /// A new connection starts with every pair active and the default receive filter. The
-    /// MTU stays as it is (the TAP's interface keeps it too): a frontend that wants another
-    /// sends NET_SET_MTU.
+    /// A new connection starts from the device's defaults (see [`Shared::reset`]).
     pub fn reset(&self) {
-        let s = &self.shared;
-        let _ = s.set_active_pairs(s.config.pairs);
-        s.promisc.store(true, Relaxed);
-        s.allmulti.store(false, Relaxed);
-        s.mac.store(mac_to_u64(s.config.mac), Relaxed);
-        s.features.store(0, Relaxed);
-        s.status.store(0, Relaxed);
-        s.status_sets.store(0, Relaxed);
-        for t in &s.tunables {
-            t.set_coalesce(vnet::ctrl::Coalesce::default());
-        }
+        self.shared.reset();
     }
 
     pub fn reports(&self) -> Vec<QueueReport> {
-        let pairs = self.shared.config.pairs;
+        let pairs = self.pairs();
         QueueId::all(pairs)
             .map(|id| {
                 let (c, t) = (
@@ -236,15 +145,17 @@ impl Device {
     /// Device-wide state for `virtnet ctl stats`.
     pub fn device_report(&self) -> DeviceReport {
         let s = &self.shared;
+        let (promisc, allmulti) = s.filter();
+        let (status, status_sets) = s.status();
         DeviceReport {
-            pairs: s.config.pairs,
-            active_pairs: s.active_pairs.load(Relaxed),
-            promisc: s.promisc.load(Relaxed),
-            allmulti: s.allmulti.load(Relaxed),
-            features: feature::names(Features(s.features.load(Relaxed))),
-            status: s.status.load(Relaxed),
-            status_sets: s.status_sets.load(Relaxed),
-            mtu: s.mtu.load(Relaxed),
+            pairs: s.pairs(),
+            active_pairs: s.active_pairs(),
+            promisc,
+            allmulti,
+            features: feature::names(s.features()),
+            status,
+            status_sets,
+            mtu: s.mtu(),
             mac: s
                 .mac()
                 .iter()

@@ -11,16 +11,18 @@ use virtnet_sys::PeerEventFd;
 use vmm_sys_util::eventfd::EventFd;
 use vring::{Chain, DeviceQueue};
 
+use crate::config::BackendConfig;
 use crate::device::Device;
 use crate::gate::Deadlines;
+use crate::host::NoControl;
 use crate::metrics::{QueueCounters, QueueTunables};
 use crate::queue::{QueueId, QueueRuntime};
 use crate::session::Session;
-use crate::shared::{BackendConfig, Shared};
+use crate::shared::Shared;
 
-/// The device state of `config` alone: no TAP, no worker threads.
+/// The device state of `config` alone: no port, no worker threads.
 pub fn shared(config: BackendConfig) -> io::Result<Shared> {
-    Shared::new(config, Vec::new())
+    Shared::new(config, Box::new(NoControl))
 }
 
 /// A running queue, as the vhost-user layer hands one to a worker when the queue starts.

@@ -13,9 +13,10 @@
 //! - [`ctrlq`]: the control virtqueue (spec 5.1.6.5) on its own thread;
 //! - [`worker`]: the data path of one queue pair (turns, busy polling, sleeping); [`poll`]:
 //!   the busy-poll setting and the auto policy;
-//! - [`rx`]: guest receive into posted buffers; [`host`]: the host ports (tap, null, echo,
-//!   socket);
-//! - [`shared`]: the device's configuration and the state its parts share;
+//! - [`tx`]: guest transmit to the host port (headers checked once, push-back); [`rx`]: guest
+//!   receive into posted buffers (the receive policy); [`turn`]: a queue's share of a turn;
+//! - [`host`]: the host ports (tap, null, echo, socket), passive, and their control plane;
+//! - [`shared`]: the state the device's parts share; [`config`]: its configuration;
 //! - [`thread`]: a worker's thread and command channel; [`queue`]: a running queue, its
 //!   notifications and coalescing; [`hold`]: holding calls while the driver is busy;
 //! - [`metrics`]: per-queue counters, JSON and Prometheus; [`ctl`]: the control socket of
@@ -28,6 +29,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod config;
 pub mod ctl;
 pub mod ctrlq;
 pub mod device;
@@ -52,16 +54,16 @@ pub mod status;
 #[cfg(test)]
 mod testing;
 pub mod thread;
+pub mod turn;
+pub mod tx;
 pub mod vhost;
 pub mod worker;
 
+pub use config::{BackendConfig, IoMode, TapIo, MAX_MTU, MAX_PAIRS, MIN_MTU};
 pub use device::{Device, DeviceReport};
 pub use error::Error;
-pub use host::tap::TapIo;
+pub use host::tap::tap_features;
 pub use poll::BusyPoll;
 pub use queue::{QueueId, QueueRuntime};
 pub use session::{serve, serve_client, serve_connection, RequestHandler, Session};
-pub use shared::{
-    device_features, tap_features, BackendConfig, IoMode, Shared, MAX_MTU, MAX_PAIRS, MIN_MTU,
-    PROTOCOL_FEATURES,
-};
+pub use shared::{device_features, Shared, PROTOCOL_FEATURES};

@@ -63,7 +63,7 @@ mod tests {
     use std::sync::atomic::{AtomicU16, Ordering::Relaxed};
 
     use super::*;
-    use crate::shared::check_mtu;
+    use crate::config::check_mtu;
 
     use vnet::vhost_wire::{self, encode as request, HDR_LEN};
 

@@ -289,10 +289,10 @@ impl QueueRuntime {
     }
 }
 
-/// Puts a started queue in `slot` and watches its kick under epoll tag `tag`; a queue it
-/// replaces is retired. A queue whose kick cannot be watched would never run: it is installed
-/// broken, so the frontend hears of it (err eventfd, NEEDS_RESET) instead of waiting.
-pub fn install_queue(epoll: &Epoll, slot: &mut Option<QueueRuntime>, q: QueueRuntime, tag: u64) {
+/// Watches a started queue's kick under epoll tag `tag`, for the worker to install. A queue
+/// whose kick cannot be watched would never run: it comes back broken, so the frontend hears
+/// of it (err eventfd, NEEDS_RESET) instead of waiting.
+pub fn install_queue(epoll: &Epoll, q: QueueRuntime, tag: u64) -> QueueRuntime {
     q.counters.clear_broken();
     let watched = epoll.ctl(
         ControlOperation::Add,
@@ -304,9 +304,7 @@ pub fn install_queue(epoll: &Epoll, slot: &mut Option<QueueRuntime>, q: QueueRun
     if let Err(e) = watched {
         break_queue(&q, &Error::host("watching the kick eventfd")(e));
     }
-    if let Some(old) = slot.replace(q) {
-        retire_queue(epoll, old);
-    }
+    q
 }
 
 /// Stops a queue: publishes its used batch, sends a call held back by coalescing, stops

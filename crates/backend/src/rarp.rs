@@ -14,8 +14,8 @@ use std::os::unix::net::UnixStream;
 
 use vhost::vhost_user::message::FrontendReq;
 
-use super::device::Device;
 use super::intercept::{reply_u64, Handled, Header};
+use super::shared::Shared;
 
 /// The RARP ethertype.
 pub const ETH_P_RARP: u16 = 0x8035;
@@ -40,14 +40,14 @@ pub fn frame(mac: [u8; 6]) -> [u8; FRAME_LEN] {
 }
 
 /// Handles SEND_RARP (`hdr`, peeked by the session, which has checked that the RARP protocol
-/// feature was acknowledged): the announcement goes out of the device's TAP, or is only
+/// feature was acknowledged): the announcement goes out of the device's port, or is only
 /// logged without one. A frame the TAP refuses is logged, not an error of the frontend's.
 /// With `reply_ack` and NEED_REPLY the frontend gets an ack (0 sent, 1 not).
 pub fn handle(
     stream: &UnixStream,
     hdr: &Header,
     reply_ack: bool,
-    device: &Device,
+    shared: &Shared,
 ) -> io::Result<Handled> {
     if !hdr.flags_valid() {
         return Ok(Handled::Close("SEND_RARP with bad flags"));
@@ -58,7 +58,7 @@ pub fn handle(
     let payload = hdr.take(stream)?;
     let mut mac = [0u8; 6];
     mac.copy_from_slice(&payload[..6]);
-    let sent = match device.announce(mac) {
+    let sent = match announce(shared, mac) {
         Ok(sent) => sent,
         Err(e) => {
             tracing::warn!(error = %e, "the RARP announcement could not be sent");
@@ -69,6 +69,22 @@ pub fn handle(
         reply_u64(stream, FrontendReq::SEND_RARP, u64::from(!sent))?;
     }
     Ok(Handled::Yes)
+}
+
+/// Announces `mac` after a live migration: a RARP broadcast from it out of the device's port,
+/// as if the guest sent it. A port with nowhere to send it only logs; returns whether a frame
+/// went out.
+pub fn announce(shared: &Shared, mac: [u8; 6]) -> io::Result<bool> {
+    let mac_text = mac.map(|b| format!("{b:02x}")).join(":");
+    let control = shared.control();
+    let sent = control.announce(&frame(mac), shared.features())?;
+    if sent {
+        let port = control.name().unwrap_or("the port");
+        tracing::info!(mac = %mac_text, port, "SEND_RARP: RARP announcement sent");
+    } else {
+        tracing::info!(mac = %mac_text, "SEND_RARP: the port has nowhere to announce");
+    }
+    Ok(sent)
 }
 
 #[cfg(test)]
@@ -82,9 +98,9 @@ mod tests {
 
     /// The session's step for the request waiting on `backend`: SEND_RARP handled, anything
     /// else left.
-    fn handle_next(backend: &UnixStream, device: &Device) -> io::Result<Handled> {
+    fn handle_next(backend: &UnixStream, device: &crate::Device) -> io::Result<Handled> {
         match Header::peek(backend)? {
-            Some(h) if h.is(FrontendReq::SEND_RARP) => handle(backend, &h, true, device),
+            Some(h) if h.is(FrontendReq::SEND_RARP) => handle(backend, &h, true, device.shared()),
             _ => Ok(Handled::No),
         }
     }

@@ -1,21 +1,27 @@
 //! Guest receive: putting host frames into the buffers the guest posted on its rx queue
 //! (VIRTIO 1.2 5.1.6.3-5.1.6.4), with mergeable buffers when MRG_RXBUF is negotiated.
 //!
-//! [`RxPath`] owns the rx queue of a pair and the state of a frame that did not fit: the avail
-//! index at which rx last lacked room, so that the worker does not retry until the guest posts
-//! more (a frame that waits is the host port's to keep).
+//! [`RxPath`] owns a pair's rx queue and the receive policy, the same for every port: read a
+//! frame from the port only when the guest has posted buffers (so frames wait in the host, not
+//! here); straight into the guest's buffers once it has posted enough for the largest frame
+//! (`rx/direct.rs`), else through a buffer of its own and a copy (`rx/copy.rs`); a frame that
+//! does not fit the posted buffers waits here, as vhost_net leaves it queued, and rx does not
+//! try again until the guest posts more (the mark at which it lacked room). A port whose
+//! frames are all the same (the null generator) is copied in bursts.
 
 use std::collections::VecDeque;
 use std::io;
 
-use vnet::feature;
-use vring::{
-    AvailMark, Chain, Error as RingError, GuestMemory, Reader, Segment, Writer, MAX_IOVECS,
-};
+use vring::{AvailMark, Chain, Error as RingError, Segment};
 
 use super::error::Error;
-use super::queue::{break_queue, QueueRuntime};
+use super::host::{Port, MAX_RX_FRAME};
+use super::queue::{break_queue, notify, QueueRuntime};
 use super::shared::Shared;
+use super::turn::{Turn, WEIGHT_PACKETS};
+
+mod copy;
+mod direct;
 
 /// Frames per burst of [`RxPath::deliver_burst`]: as many buffer fetches in flight as the CPU
 /// keeps.
@@ -70,10 +76,39 @@ pub enum Direct {
     NoRoom,
 }
 
+/// Frames one [`RxPath::receive`] handled.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Received {
+    /// Frames put into guest rx, and their bytes, headers excluded.
+    pub frames: usize,
+    pub bytes: u64,
+    /// Host frames consumed but not delivered (filtered, or too large for every buffer the
+    /// guest could post): counted by the rx path, and against the turn's weight.
+    pub dropped: usize,
+}
+
+impl Received {
+    /// One frame of `len` bytes, `hdr_len` of them the virtio-net header, put into guest rx.
+    pub fn one(len: usize, hdr_len: usize) -> Received {
+        Received {
+            frames: 1,
+            bytes: len.saturating_sub(hdr_len) as u64,
+            dropped: 0,
+        }
+    }
+
+    /// One host frame consumed and not delivered.
+    pub const DROPPED: Received = Received {
+        frames: 0,
+        bytes: 0,
+        dropped: 1,
+    };
+}
+
 /// The rx queue of one pair and where its last delivery stopped.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct RxPath {
-    pub queue: Option<QueueRuntime>,
+    queue: Option<QueueRuntime>,
     /// The avail index at which rx last lacked room (a frame waiting for buffers, an echo):
     /// rx is not worth retrying until the guest moves it.
     blocked: Option<AvailMark>,
@@ -90,6 +125,30 @@ pub struct RxPath {
     /// Chains to pop into, and the read's segments, kept for their allocations.
     spare: Vec<Chain>,
     segs: Vec<Segment>,
+    /// A host frame read into `bounce` (its length) that did not fit the posted buffers: it
+    /// goes first once the guest posts more.
+    pending: Option<usize>,
+    /// Frames are read here when the guest has posted too few buffers; reads into guest
+    /// buffers sized for the usual frame put here what does not fit. One byte longer than the
+    /// largest frame, so that a longer one (a datagram socket's) is seen to be too long.
+    bounce: Vec<u8>,
+}
+
+impl Default for RxPath {
+    fn default() -> Self {
+        RxPath {
+            queue: None,
+            blocked: None,
+            chains: Vec::new(),
+            grown: false,
+            posted: VecDeque::new(),
+            posted_bytes: 0,
+            spare: Vec::new(),
+            segs: Vec::new(),
+            pending: None,
+            bounce: vec![0u8; MAX_RX_FRAME + 1],
+        }
+    }
 }
 
 impl RxPath {
@@ -99,6 +158,39 @@ impl RxPath {
             queue: Some(q),
             ..RxPath::default()
         }
+    }
+
+    /// The rx queue, if one runs.
+    pub fn queue(&self) -> Option<&QueueRuntime> {
+        self.queue.as_ref()
+    }
+
+    pub fn queue_mut(&mut self) -> Option<&mut QueueRuntime> {
+        self.queue.as_mut()
+    }
+
+    /// Takes over `q`, a queue the frontend (re)started, and returns the one it replaces.
+    pub fn start(&mut self, q: QueueRuntime) -> Option<QueueRuntime> {
+        let old = self.stop();
+        self.queue = Some(q);
+        old
+    }
+
+    /// Gives back the rx queue, stopped: the posted buffers go back to its ring, and a frame
+    /// that waited for buffers is dropped and counted.
+    pub fn stop(&mut self) -> Option<QueueRuntime> {
+        if self.pending.take().is_some() {
+            if let Some(q) = &self.queue {
+                q.counters().dropped.add(1);
+            }
+        }
+        self.release();
+        self.queue.take()
+    }
+
+    /// Whether a host frame waits here for buffers (the port's fd has nothing to add).
+    pub fn holds_frame(&self) -> bool {
+        self.pending.is_some()
     }
 
     /// The rx queue, if it runs and is not broken.
@@ -116,7 +208,7 @@ impl RxPath {
     /// Forgets where rx lacked room, returns the posted buffers to the ring (so that the
     /// queue's state, GET_VRING_BASE, counts them as not taken), and gives back the chains'
     /// memory: the queue is being replaced or stopped.
-    pub fn release(&mut self) {
+    fn release(&mut self) {
         self.unpost();
         self.blocked = None;
         self.chains = Vec::new();
@@ -196,6 +288,185 @@ impl RxPath {
         }
     }
 
+    /// Guest receive: host frames from `port` into posted buffers, up to the weight; nothing
+    /// while the pair is not `active` or rx waits for the guest to post more. A ring error
+    /// breaks the queue.
+    pub fn turn(&mut self, port: &mut dyn Port, shared: &Shared, active: bool) -> Turn {
+        let mut turn = Turn::default();
+        if self.usable().is_none() || !active || self.still_blocked() {
+            return turn;
+        }
+        let mut bytes = 0u64;
+        let mut delivered = 0;
+        let result: Result<(), RingError> = loop {
+            let Some(rx) = self.queue.as_ref() else {
+                break Ok(());
+            };
+            if turn.at_weight(bytes, rx) {
+                break Ok(());
+            }
+            let room = WEIGHT_PACKETS - turn.frames;
+            match self.receive(port, shared, room) {
+                Ok(r) if r.frames + r.dropped == 0 => break Ok(()),
+                Ok(r) => {
+                    delivered += r.frames;
+                    turn.frames += r.frames + r.dropped;
+                    bytes += r.bytes;
+                }
+                Err(e) => break Err(e),
+            }
+        };
+        let Some(rx) = self.queue.as_mut() else {
+            return turn;
+        };
+        let c = rx.counters();
+        c.packets.add(delivered as u64);
+        c.bytes.add(bytes);
+        match result {
+            Ok(()) => {
+                if delivered > 0 && rx.usable() {
+                    notify(rx);
+                }
+            }
+            Err(e) => break_queue(rx, &e.into()),
+        }
+        turn
+    }
+
+    /// Puts host frames from `port` into guest rx: one frame (or, from a port whose frames
+    /// are all the same, a burst of up to `room`), by the policy of the module's docs. Zero
+    /// frames handled: nothing more for now. The caller has checked that the queue is
+    /// usable; a ring error is returned, to break it.
+    pub fn receive(
+        &mut self,
+        port: &mut dyn Port,
+        shared: &Shared,
+        room: usize,
+    ) -> Result<Received, RingError> {
+        let hdr_len = self.hdr_len();
+        if let Some(frame) = port.repeated_frame(hdr_len) {
+            return self.receive_repeated(frame, shared, room);
+        }
+        let n = match self.pending.take() {
+            Some(n) => n,
+            None => match self.read(port, shared)? {
+                Read::Frame(n) => n,
+                Read::Done(r) => return Ok(r),
+            },
+        };
+        let mut bounce = std::mem::take(&mut self.bounce);
+        let r = self.deliver(shared, &mut bounce[..n]);
+        self.bounce = bounce;
+        Ok(match r? {
+            Delivery::Delivered => Received::one(n, hdr_len),
+            Delivery::Dropped => Received::DROPPED,
+            Delivery::NoRoom => {
+                // Too few buffers for this frame: keep it until the guest posts more.
+                self.pending = Some(n);
+                self.block();
+                Received::default()
+            }
+        })
+    }
+
+    /// Reads the next frame from `port`: straight into the guest's buffers if it has posted
+    /// enough for the largest frame, else into the bounce buffer (its length returned).
+    fn read(&mut self, port: &mut dyn Port, shared: &Shared) -> Result<Read, RingError> {
+        // Read only when the guest has posted buffers, so that frames wait in the host.
+        let Some(features) = self.queue.as_ref().map(|q| q.features()) else {
+            return Ok(Read::Done(Received::default()));
+        };
+        if !self.has_buffers() {
+            return Ok(Read::Done(Received::default()));
+        }
+        let hdr_len = vnet::hdr_len(features);
+        // With the MTU in effect (NET_SET_MTU may change it).
+        let max_frame = port.max_frame(features, shared.mtu());
+        let mut bounce = std::mem::take(&mut self.bounce);
+        let mut too_long = false;
+        let direct = self.receive_direct(shared, max_frame, &mut bounce, |mem, segs, tail| {
+            Ok(match port.recv(mem, segs, tail)? {
+                Ok(n) if n > max_frame => {
+                    too_long = true;
+                    Err(io::ErrorKind::InvalidData.into())
+                }
+                r => r,
+            })
+        });
+        let read = match direct {
+            Ok(Direct::Delivered(n)) => Ok(Read::Done(Received::one(n, hdr_len))),
+            // Counted by the direct path (filtered, or too long for the guest's buffers).
+            Ok(Direct::Dropped) => Ok(Read::Done(Received::DROPPED)),
+            Ok(Direct::Empty) if too_long => {
+                self.count_dropped();
+                Ok(Read::Done(Received::DROPPED))
+            }
+            Ok(Direct::Empty) => Ok(Read::Done(Received::default())),
+            Ok(Direct::NoRoom) => self.read_bounced(port, &mut bounce, max_frame),
+            Err(e) => Err(e),
+        };
+        self.bounce = bounce;
+        read
+    }
+
+    /// Reads the next frame from `port` into `bounce`, for a copy.
+    fn read_bounced(
+        &mut self,
+        port: &mut dyn Port,
+        bounce: &mut [u8],
+        max_frame: usize,
+    ) -> Result<Read, RingError> {
+        let Some(q) = self.queue.as_ref() else {
+            return Ok(Read::Done(Received::default()));
+        };
+        let n = match port.recv(q.memory(), &[], bounce)? {
+            Ok(n) => n,
+            // Nothing waits, or the host failed (a TAP going down): the fd says when to try
+            // again.
+            Err(_) => return Ok(Read::Done(Received::default())),
+        };
+        if n > max_frame {
+            self.count_dropped();
+            return Ok(Read::Done(Received::DROPPED));
+        }
+        if n == 0 {
+            return Ok(Read::Done(Received::default()));
+        }
+        q.counters().rx_bounced.add(1);
+        Ok(Read::Frame(n))
+    }
+
+    /// Copies `frame` into the guest's buffers, one per frame in bursts of up to `room`, or
+    /// merged over several when one will not hold it.
+    fn receive_repeated(
+        &mut self,
+        frame: &mut [u8],
+        shared: &Shared,
+        room: usize,
+    ) -> Result<Received, RingError> {
+        let payload = frame.len().saturating_sub(self.hdr_len()) as u64;
+        let mut frames = self.deliver_burst(shared, frame, room)?;
+        if frames == 0 {
+            match self.deliver(shared, frame)? {
+                Delivery::Delivered => frames = 1,
+                // The same frame again would not fit either: wait for the guest to post more,
+                // rather than spin on buffers that cannot take it.
+                Delivery::Dropped | Delivery::NoRoom => self.block(),
+            }
+        }
+        Ok(Received {
+            frames,
+            bytes: frames as u64 * payload,
+            dropped: 0,
+        })
+    }
+
+    fn count_dropped(&self) {
+        if let Some(q) = &self.queue {
+            q.counters().dropped.add(1);
+        }
+    }
+
     /// Puts one frame (virtio-net header first, `frame[..hdr_len]`) into the rx queue, merging
     /// buffers when MRG_RXBUF is negotiated ([`Delivery`] says what became of it; with too few
     /// buffers nothing is consumed). A frame that more buffers than [`MAX_MERGED_BUFFERS`] (or the
@@ -206,135 +477,9 @@ impl RxPath {
         let Some(rx) = self.queue.as_mut() else {
             return Ok(Delivery::NoRoom);
         };
-        let r = deliver(shared, rx, frame, &mut self.chains, &mut self.grown);
+        let r = copy::deliver(shared, rx, frame, &mut self.chains, &mut self.grown);
         self.trim();
         r
-    }
-
-    /// Reads one frame (header first) with `read` straight into the guest's buffers, with no
-    /// copy in this process, once enough are posted for a frame of `max_frame` bytes: one
-    /// chain without MRG_RXBUF, else as many merged buffers as it takes. The buffers stay
-    /// posted from one frame to the next; a frame uses the oldest ones (so IN_ORDER holds),
-    /// and one the receive filter refuses uses none. `read` gets the posted buffers' writable
-    /// segments and `tail`, where whatever they cannot hold lands: with MRG_RXBUF that part is
-    /// copied into more buffers, else (or when the guest has no more) the frame is dropped and
-    /// counted, as [`RxPath::deliver`] does with a frame too long for its buffers.
-    ///
-    /// A ring error (a buffer outside memory, one with no writable bytes) is returned, to break
-    /// the queue. The caller has checked that the queue is usable.
-    pub fn receive_direct<F>(
-        &mut self,
-        shared: &Shared,
-        max_frame: usize,
-        tail: &mut [u8],
-        read: F,
-    ) -> Result<Direct, RingError>
-    where
-        F: FnOnce(&GuestMemory, &[Segment], &mut [u8]) -> Result<io::Result<usize>, RingError>,
-    {
-        let Some(rx) = self.queue.as_mut() else {
-            return Ok(Direct::NoRoom);
-        };
-        let features = rx.features();
-        let mergeable = features.contains(feature::MRG_RXBUF);
-        let hdr_len = vnet::hdr_len(features);
-        let max_buffers = MAX_MERGED_BUFFERS.min(rx.size() as usize);
-        let mut segments: usize = self.posted.iter().map(|c| c.writable().len()).sum();
-        // Post buffers for the largest frame, within what one readv takes (the tail last).
-        let mut limited = false;
-        while self.posted_bytes < max_frame as u64 {
-            if (!mergeable && !self.posted.is_empty()) || self.posted.len() == max_buffers {
-                limited = true;
-                break;
-            }
-            let mut c = self.spare.pop().unwrap_or_default();
-            if !rx.pop_into(&mut c)? {
-                self.spare.push(c);
-                break;
-            }
-            let n = c.writable().len();
-            if c.writable_len() == 0 {
-                return Err(RingError::NoWritableBytes { head: c.head() });
-            }
-            if segments + n > MAX_IOVECS - 1 {
-                rx.undo_pop(1);
-                self.spare.push(c);
-                limited = true;
-                break;
-            }
-            segments += n;
-            self.posted_bytes += c.writable_len();
-            self.posted.push_back(c);
-        }
-        // The header and the Ethernet header must land in guest buffers (the filter reads the
-        // destination there, and num_buffers is written there).
-        let least = (hdr_len + 14) as u64;
-        if (self.posted_bytes < max_frame as u64 && !limited) || self.posted_bytes < least {
-            // The guest has not posted enough (yet): read through the caller's buffer, which
-            // can wait for more without holding these.
-            self.unpost();
-            return Ok(Direct::NoRoom);
-        }
-        self.segs.clear();
-        for c in &self.posted {
-            self.segs.extend_from_slice(c.writable());
-        }
-        let n = match read(rx.memory(), &self.segs, tail)? {
-            // End of file: a TAP never has one, but then nothing was read either.
-            Ok(0) => return Ok(Direct::Empty),
-            Ok(n) => n,
-            // WouldBlock: nothing waits. Another error (the TAP going down): nothing read
-            // either, and the fd says when to try again.
-            Err(_) => return Ok(Direct::Empty),
-        };
-        let in_guest = (n as u64).min(self.posted_bytes) as usize;
-        let mut dst = [0u8; 6];
-        let dst_len = in_guest.saturating_sub(hdr_len).min(6);
-        let mut r = Reader::new(rx.memory(), &self.segs);
-        r.skip(hdr_len as u64)?;
-        r.read_exact(&mut dst[..dst_len])?;
-        if !shared.accepts(&dst[..dst_len]) {
-            rx.counters().filtered.add(1);
-            // The bytes landed in buffers that stay posted: marked all the same, so that
-            // during a migration the destination's memory is the source's.
-            rx.log_write(&self.segs, in_guest as u64);
-            return Ok(Direct::Dropped);
-        }
-        if n > in_guest {
-            // Longer than the posted buffers: copy the rest into more, if the guest has them.
-            let over = &tail[..n - in_guest];
-            if !mergeable || !post_overflow(rx, &mut self.posted, &mut self.spare, over)? {
-                rx.counters().dropped.add(1);
-                rx.log_write(&self.segs, in_guest as u64);
-                return Ok(Direct::Dropped);
-            }
-        }
-        // The frame takes the oldest buffers it fills.
-        let mut left = n as u64;
-        let mut used = 0usize;
-        for c in &self.posted {
-            if left == 0 {
-                break;
-            }
-            left -= left.min(c.writable_len());
-            used += 1;
-        }
-        if hdr_len == vnet::HDR_LEN {
-            // num_buffers: the TAP leaves those two bytes unwritten. 1 without MRG_RXBUF.
-            let count = (used as u16).to_le_bytes();
-            let at = vnet::NUM_BUFFERS_OFFSET as usize;
-            Writer::at(rx.memory(), &self.segs, at as u64)?.write_all(&count)?;
-        }
-        let mut left = n as u64;
-        for i in 0..used {
-            let c = self.posted.pop_front().expect("counted above");
-            let take = left.min(c.writable_len());
-            rx.add_used_written(&c, take as u32, i + 1 == used)?;
-            left -= take;
-            self.posted_bytes = self.posted_bytes.saturating_sub(c.writable_len());
-            self.spare.push(c);
-        }
-        Ok(Direct::Delivered(n))
     }
 
     /// Puts up to `max` copies of `frame` (header first) into the rx queue, as long as each
@@ -352,188 +497,33 @@ impl RxPath {
         let Some(rx) = self.queue.as_mut() else {
             return Ok(0);
         };
-        let r = deliver_burst(shared, rx, frame, &mut self.chains, max, &mut self.grown);
+        let r = copy::deliver_burst(shared, rx, frame, &mut self.chains, max, &mut self.grown);
         self.trim();
         r
     }
 }
 
-fn deliver_burst(
-    shared: &Shared,
-    rx: &mut QueueRuntime,
-    frame: &mut [u8],
-    chains: &mut Vec<Chain>,
-    max: usize,
-    grown: &mut bool,
-) -> Result<usize, RingError> {
-    let features = rx.features();
-    let hdr_len = vnet::hdr_len(features);
-    if !shared.accepts(frame.get(hdr_len..).unwrap_or(&[])) {
-        return Ok(0);
-    }
-    if features.contains(feature::MRG_RXBUF) && frame.len() >= vnet::HDR_LEN {
-        // Each frame takes one buffer.
-        frame[vnet::NUM_BUFFERS_OFFSET as usize..vnet::HDR_LEN]
-            .copy_from_slice(&1u16.to_le_bytes());
-    }
-    let max = max.min(BURST);
-    if chains.len() < max {
-        chains.resize_with(max, Chain::new);
-    }
-    if !rx.try_avail_pending()? {
-        return Ok(0);
-    }
-    let mut n = 0;
-    while n < max {
-        if !rx.pop_into(&mut chains[n])? {
-            break;
-        }
-        *grown |= chains[n].segments().len() > KEEP_SEGMENTS;
-        match chains[n].writable().first() {
-            Some(s) if s.len as usize >= frame.len() => n += 1,
-            _ => {
-                rx.undo_pop(1);
-                break;
-            }
-        }
-    }
-    // Whole frames, as many ahead as keep about PREFETCH_LINES cache lines in flight.
-    let lines = frame.len().div_ceil(64).max(1);
-    let ahead = if 2 * lines <= PREFETCH_LINES {
-        (PREFETCH_LINES / lines).min(BURST)
-    } else {
-        0
-    };
-    let prefetch =
-        |q: &QueueRuntime, c: &Chain| q.memory().prefetch_write(c.writable()[0].addr, frame.len());
-    for c in &chains[..n.min(ahead)] {
-        prefetch(rx, c);
-    }
-    for i in 0..n {
-        if ahead > 0 && i + ahead < n {
-            prefetch(rx, &chains[i + ahead]);
-        }
-        let c = &chains[i];
-        rx.memory().write(c.writable()[0].addr, &frame[..])?;
-        rx.add_used_written(c, frame.len() as u32, true)?;
-    }
-    Ok(n)
-}
-
-fn deliver(
-    shared: &Shared,
-    rx: &mut QueueRuntime,
-    frame: &mut [u8],
-    chains: &mut Vec<Chain>,
-    grown: &mut bool,
-) -> Result<Delivery, RingError> {
-    let features = rx.features();
-    let hdr_len = vnet::hdr_len(features);
-    if !shared.accepts(frame.get(hdr_len..).unwrap_or(&[])) {
-        rx.counters().filtered.add(1);
-        return Ok(Delivery::Dropped);
-    }
-    let mergeable = features.contains(feature::MRG_RXBUF);
-    let need = frame.len() as u64;
-    let max_buffers = MAX_MERGED_BUFFERS.min(rx.size() as usize);
-    let mut have = 0u64;
-    let mut used = 0usize;
-    let mut segments = 0usize;
-    while have < need {
-        if used == max_buffers {
-            // More buffers than a frame may take, and still short: the frame cannot fit.
-            rx.undo_pop(used as u16);
-            rx.counters().dropped.add(1);
-            return Ok(Delivery::Dropped);
-        }
-        if chains.len() <= used {
-            chains.push(Chain::new());
-        }
-        if !rx.pop_into(&mut chains[used])? {
-            rx.undo_pop(used as u16);
-            return Ok(Delivery::NoRoom);
-        }
-        if chains[used].writable_len() == 0 {
-            return Err(RingError::NoWritableBytes {
-                head: chains[used].head(),
-            });
-        }
-        let n = chains[used].segments().len();
-        *grown |= n > KEEP_SEGMENTS;
-        segments += n;
-        if segments > MAX_FRAME_SEGMENTS {
-            // Scattered over more segments than a frame may take: it cannot fit.
-            rx.undo_pop(used as u16 + 1);
-            rx.counters().dropped.add(1);
-            return Ok(Delivery::Dropped);
-        }
-        have += chains[used].writable_len();
-        used += 1;
-        if !mergeable && have < need {
-            // Without mergeable buffers a frame must fit one chain: drop the frame and leave
-            // the buffer for the next one.
-            rx.undo_pop(1);
-            rx.counters().dropped.add(1);
-            return Ok(Delivery::Dropped);
-        }
-    }
-    if mergeable && frame.len() >= vnet::HDR_LEN {
-        frame[vnet::NUM_BUFFERS_OFFSET as usize..vnet::HDR_LEN]
-            .copy_from_slice(&(used as u16).to_le_bytes());
-    }
-    // No Arc clone of the memory here: its locked refcount update would wait for this frame's
-    // stores to shared memory to drain, once per frame (measured: most of the rx path's time).
-    let mut rest: &[u8] = frame;
-    for (i, c) in chains[..used].iter().enumerate() {
-        let n = Writer::new(rx.memory(), c.writable()).write(rest)?;
-        rest = &rest[n..];
-        rx.add_used_written(c, n as u32, i + 1 == used)?;
-    }
-    Ok(Delivery::Delivered)
-}
-
-/// Pops buffers after the posted ones for the `over` bytes of a frame that did not fit them,
-/// and copies them in; false (nothing popped) if the guest has not posted enough.
-fn post_overflow(
-    rx: &mut QueueRuntime,
-    posted: &mut VecDeque<Chain>,
-    spare: &mut Vec<Chain>,
-    mut over: &[u8],
-) -> Result<bool, RingError> {
-    let mut popped = 0u16;
-    let mut added = Vec::new();
-    while !over.is_empty() {
-        let mut c = spare.pop().unwrap_or_default();
-        if posted.len() + added.len() == MAX_MERGED_BUFFERS || !rx.pop_into(&mut c)? {
-            rx.undo_pop(popped);
-            spare.push(c);
-            spare.extend(added);
-            return Ok(false);
-        }
-        popped += 1;
-        if c.writable_len() == 0 {
-            return Err(RingError::NoWritableBytes { head: c.head() });
-        }
-        let k = Writer::new(rx.memory(), c.writable()).write(over)?;
-        over = &over[k..];
-        added.push(c);
-    }
-    posted.extend(added);
-    Ok(true)
+/// What [`RxPath::read`] got.
+enum Read {
+    /// A frame of this many bytes in the bounce buffer, to be copied.
+    Frame(usize),
+    /// The frame was handled (or none was there).
+    Done(Received),
 }
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::Ordering::Relaxed;
 
     use testkit::Pair;
     use vring::Features;
+
+    use vring::GuestMemory;
 
     use super::*;
     use crate::queue::QueueId;
     use crate::testing::{post_rx, setup, shared, used};
 
-    const MRG: Features = Features::VERSION_1.union(feature::MRG_RXBUF);
+    const MRG: Features = Features::VERSION_1.union(vnet::feature::MRG_RXBUF);
 
     fn frame(len: usize) -> Vec<u8> {
         (0..len).map(|i| i as u8).collect()
@@ -725,7 +715,7 @@ mod tests {
         let (mut rx, mut driver, _mem) = rx_path(Features::VERSION_1);
         post_rx(&mut driver, 2, 1536);
         let s = shared();
-        s.promisc.store(false, Relaxed);
+        s.set_promisc(false);
         let mut other = frame(100);
         other[vnet::HDR_LEN..vnet::HDR_LEN + 6].copy_from_slice(&[0x02, 1, 2, 3, 4, 5]);
         let mut ours = frame(100);
@@ -804,7 +794,7 @@ mod tests {
         let (mut rx, mut driver, _mem) = rx_path(MRG);
         post_rx(&mut driver, 1, 1024);
         let s = shared();
-        s.promisc.store(false, Relaxed);
+        s.set_promisc(false);
         let mut f = frame(100);
         f[vnet::HDR_LEN..vnet::HDR_LEN + 6].copy_from_slice(&[0x02, 1, 2, 3, 4, 5]);
         assert_eq!(rx.deliver(&s, &mut f), Ok(Delivery::Dropped));
@@ -1006,7 +996,7 @@ mod tests {
         assert_eq!(log.take_dirty(), [ring, page(3), page(4), page(5), page(6)]);
         // A 1500-byte frame for another MAC, read into buffers 7 and 8 (posted for 2000
         // bytes), refused: they stay posted, and the bytes it left there are marked.
-        s.promisc.store(false, Relaxed);
+        s.set_promisc(false);
         let mut other = frame(1500);
         other[vnet::HDR_LEN..vnet::HDR_LEN + 6].copy_from_slice(&[0x02, 1, 2, 3, 4, 5]);
         let host = Host::with(&[other]);

@@ -161,8 +161,7 @@ impl Session {
                 .status
                 .handle(&self.stream, &hdr, reply_ack, needs_reset)?;
             let shared = self.device.shared();
-            shared.status.store(self.status.status, Relaxed);
-            shared.status_sets.store(self.status.sets, Relaxed);
+            shared.set_status(self.status.status, self.status.sets);
             return Ok(handled);
         }
         if hdr.is(FrontendReq::NET_SET_MTU) && acked.contains(VhostUserProtocolFeatures::MTU) {
@@ -170,7 +169,7 @@ impl Session {
             return mtu::handle(&self.stream, &hdr, reply_ack, |m| shared.set_mtu(m));
         }
         if hdr.is(FrontendReq::SEND_RARP) && acked.contains(VhostUserProtocolFeatures::RARP) {
-            return rarp::handle(&self.stream, &hdr, reply_ack, &self.device);
+            return rarp::handle(&self.stream, &hdr, reply_ack, self.device.shared());
         }
         Ok(Handled::No)
     }

@@ -235,11 +235,11 @@ impl Slot {
         rec
     }
 
-    /// Whether the thread is there and has a data worker's name (`crate::device`): a slot
+    /// Whether the thread is there and has a data worker's name (`crate::thread::PAIR_THREAD`): a slot
     /// another process wrote cannot name just any thread.
     fn is_worker_thread(&self) -> bool {
         std::fs::read(format!("/proc/{}/task/{}/comm", self.pid, self.tid))
-            .is_ok_and(|name| name.starts_with(crate::device::PAIR_THREAD.as_bytes()))
+            .is_ok_and(|name| name.starts_with(crate::thread::PAIR_THREAD.as_bytes()))
     }
 }
 

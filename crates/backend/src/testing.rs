@@ -18,10 +18,11 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 use vring::{Buf, DriverQueue, Features, GuestAddress, GuestMemory, QueueConfig, RingAddresses};
 
+use super::config::{BackendConfig, IoMode};
 use super::device::Device;
 use super::metrics::{QueueCounters, QueueTunables};
 use super::queue::{QueueId, QueueRuntime};
-use super::shared::{BackendConfig, IoMode, Shared};
+use super::shared::Shared;
 use super::vhost::Connection;
 
 /// The driver's end, the device's queue runtime, and the device's err eventfd.
@@ -64,9 +65,9 @@ pub fn setup_sized(id: QueueId, features: Features, size: u16) -> Setup {
     }
 }
 
-/// Device state of one pair without workers or a TAP.
+/// Device state of one pair without workers or a port.
 pub fn shared() -> Shared {
-    Shared::new(BackendConfig::default(), Vec::new()).unwrap()
+    Shared::new(BackendConfig::default(), Box::new(crate::host::NoControl)).unwrap()
 }
 
 /// The driver posts `n` writable buffers of `len` bytes, tokens `0..n`.

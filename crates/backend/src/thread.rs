@@ -17,6 +17,10 @@ use vring::RingPosition;
 
 use super::queue::{QueueId, QueueRuntime};
 
+/// The name of each pair's worker thread, followed by the pair's number (how the board of
+/// pinned workers, `crate::siblings`, recognises another backend's worker).
+pub const PAIR_THREAD: &str = "virtnet-pair";
+
 /// Requests from the protocol thread to a worker.
 #[derive(Debug)]
 pub enum Command {

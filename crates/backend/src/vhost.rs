@@ -31,7 +31,6 @@ use vring::{
 use super::device::Device;
 use super::error::Error;
 use super::queue::{QueueId, QueueRuntime};
-use virtnet_sys::tap::TapOffloads;
 use virtnet_sys::PeerEventFd;
 use vnet::{NetConfig, NET_S_LINK_UP};
 
@@ -175,7 +174,7 @@ impl Connection {
         let mut queue = DeviceQueue::activate(&config, mem, v.base)
             .map_err(Error::protocol("queue configuration"))
             .map_err(refuse)?;
-        queue.set_used_batch(self.device.shared().config.used_batch);
+        queue.set_used_batch(self.device.shared().config().used_batch);
         if let Some(log) = self.dirty_log() {
             // The used ring is logged where the frontend said, else at its own address.
             let used_log = v.log_addr.map_or(rings.used, GuestAddress);
@@ -364,10 +363,6 @@ impl VhostUserBackendReqHandlerMut for Connection {
         let first = !self.features_set;
         self.acked_features = acked;
         self.features_set = true;
-        self.device
-            .shared()
-            .features
-            .store(acked.0, std::sync::atomic::Ordering::Relaxed);
         // Without protocol features, rings start enabled (vhost-user spec, "Ring states"); see
         // `enable_before_features` for the other case.
         // Only the first SET_FEATURES sets the rings' initial state: QEMU repeats it (once per
@@ -380,20 +375,11 @@ impl VhostUserBackendReqHandlerMut for Connection {
             }
             self.rx_rings_enabled(None, enabled);
         }
-        let offloads = TapOffloads {
-            csum: acked.contains(feature::GUEST_CSUM),
-            tso4: acked.contains(feature::GUEST_TSO4),
-            tso6: acked.contains(feature::GUEST_TSO6),
-            ecn: acked.contains(feature::GUEST_ECN),
-            // The TAP takes USO for both IP versions or neither.
-            uso: acked.contains(feature::GUEST_USO4 | feature::GUEST_USO6),
-        };
-        self.device
-            .configure_tap(vnet::hdr_len(acked), offloads)
-            .map_err(|e| {
-                tracing::warn!(error = %e, "configuring the TAP failed");
-                VuError::BackendInternalError
-            })?;
+        // The port takes the header length and the guest's receive offloads.
+        self.device.shared().set_features(acked).map_err(|e| {
+            tracing::warn!(error = %e, "configuring the port failed");
+            VuError::BackendInternalError
+        })?;
         tracing::info!(features = %feature::names(acked), "features negotiated");
         if acked.contains(LOG_ALL) && self.log.is_none() {
             tracing::warn!("LOG_ALL without a dirty log: nothing is logged until SET_LOG_BASE");
@@ -773,7 +759,6 @@ impl VhostUserBackendReqHandlerMut for Connection {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::Ordering::Relaxed;
 
     use vhost::vhost_user::message::{VhostUserConfigFlags, VhostUserVirtioFeatures};
     use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK, EFD_SEMAPHORE};
@@ -807,14 +792,11 @@ mod tests {
             Err(VuError::InvalidParam)
         ));
         assert!(!s.conn.features_set);
-        assert_eq!(s.device.shared().features.load(Relaxed), 0);
+        assert_eq!(s.device.shared().features(), Features::EMPTY);
         // What was offered is taken.
         s.conn.set_features(Features::VERSION_1.0).unwrap();
         assert_eq!(s.conn.acked_features, Features::VERSION_1);
-        assert_eq!(
-            s.device.shared().features.load(Relaxed),
-            Features::VERSION_1.0
-        );
+        assert_eq!(s.device.shared().features(), Features::VERSION_1);
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! The data path of one queue pair: a worker thread moving frames between the guest's rings
-//! and a host port ([`Host`]).
+//! and a host port ([`Port`]), through the pair's tx path ([`TxPath`]) and rx path
+//! ([`RxPath`]).
 //!
 //! The loop, per turn: tx up to the weight, rx up to the weight; after a turn that moved a
 //! few frames, a pause of a few hundred nanoseconds at most before the next ([`PollPace`]:
@@ -11,32 +12,26 @@
 //! before polling or sleeping.
 
 use std::os::fd::AsRawFd;
-use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use virtnet_sys::SchedStat;
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::timerfd::TimerFd;
-use vring::{Chain, Error as RingError, PollPace};
+use vring::PollPace;
 
 use super::error::Error;
-use super::host::{Host, Sent};
+use super::host::Port;
 use super::metrics::PollExit;
 use super::poll::AutoPoll;
-use super::queue::{
-    break_queue, install_queue, notify, retire_queue, FaultWatch, QueueId, QueueRuntime,
-};
+use super::queue::{break_queue, install_queue, retire_queue, FaultWatch, QueueId, QueueRuntime};
 use super::rx::RxPath;
 use super::shared::Shared;
 use super::siblings::Sibling;
 use super::thread::{wait_events, Command, Inbox};
+use super::tx::TxPath;
 
 mod busy_poll;
-
-/// vhost_net's VHOST_NET_PKT_WEIGHT and VHOST_NET_WEIGHT: a queue's share of one turn.
-pub const WEIGHT_PACKETS: usize = 256;
-pub const WEIGHT_BYTES: u64 = 512 * 1024;
 
 const EV_WAKE: u64 = 0;
 const EV_RX_KICK: u64 = 1;
@@ -44,33 +39,12 @@ const EV_TX_KICK: u64 = 2;
 const EV_HOST: u64 = 3;
 const EV_TIMER: u64 = 4;
 
-/// What one turn of a queue did.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-struct Turn {
-    /// Frames moved.
-    frames: usize,
-    /// Stopped at the weight: more work is probably waiting.
-    exhausted: bool,
-}
-
-impl Turn {
-    /// Whether the turn has used up its weight, counting it if so.
-    fn at_weight(&mut self, bytes: u64, q: &QueueRuntime) -> bool {
-        if self.frames >= WEIGHT_PACKETS || bytes >= WEIGHT_BYTES {
-            self.exhausted = true;
-            q.counters().weight_exhausted.add(1);
-        }
-        self.exhausted
-    }
-}
-
 /// One queue pair's worker.
-#[derive(Debug)]
-pub struct Worker<H: Host> {
+pub struct Worker {
     shared: Arc<Shared>,
     pair: u16,
-    host: H,
-    tx: Option<QueueRuntime>,
+    port: Box<dyn Port>,
+    tx: TxPath,
     rx: RxPath,
     inbox: Inbox,
     epoll: Epoll,
@@ -79,16 +53,10 @@ pub struct Worker<H: Host> {
     /// What epoll watches the host port's fd for: readable while rx has buffers to receive
     /// into, writable while tx waits for the port to take frames again.
     host_armed: EventSet,
-    /// The host port pushed back (`Sent::Busy`): the frame stays on the tx ring, and tx does
-    /// not run (nor take kicks) until the port is writable.
-    tx_waits_host: bool,
     /// The host port's fd reports EPOLLERR or EPOLLHUP for good (a deleted TAP, a pipe with no
     /// reader; level-triggered epoll would wake us at once, forever): it is no longer watched.
     /// A socket's pending error, which reading SO_ERROR clears, is not that.
     host_gone: bool,
-    /// The tx frames of one batch ([`Host::tx_batch`]) and what became of each.
-    chains: Vec<Chain>,
-    sent: Vec<Sent>,
     faults: FaultWatch,
     /// Busy polling auto's policy; when the pair last went idle (the gap it measures); the
     /// worker thread's schedstat and its siblings', for its contention check.
@@ -99,22 +67,34 @@ pub struct Worker<H: Host> {
     pace: PollPace,
 }
 
-impl<H: Host> Worker<H> {
-    pub fn new(pair: u16, host: H, shared: Arc<Shared>, inbox: Inbox) -> std::io::Result<Self> {
+impl std::fmt::Debug for Worker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Worker")
+            .field("pair", &self.pair)
+            .field("tx", &self.tx)
+            .field("rx", &self.rx)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Worker {
+    pub fn new(
+        pair: u16,
+        port: Box<dyn Port>,
+        shared: Arc<Shared>,
+        inbox: Inbox,
+    ) -> std::io::Result<Self> {
         Ok(Worker {
             shared,
             pair,
-            host,
-            tx: None,
+            port,
+            tx: TxPath::default(),
             rx: RxPath::default(),
             inbox,
             epoll: Epoll::new()?,
             timer: TimerFd::new()?,
             host_armed: EventSet::empty(),
-            tx_waits_host: false,
             host_gone: false,
-            chains: Vec::new(),
-            sent: Vec::new(),
             faults: FaultWatch::default(),
             auto: AutoPoll::new(Instant::now()),
             idle_since: None,
@@ -126,17 +106,17 @@ impl<H: Host> Worker<H> {
     /// Runs until shut down. Returns early, with the error, if the worker's own epoll set
     /// cannot be built: then no queue of this pair can run.
     pub fn run(&mut self) -> Result<(), Error> {
-        if let Some(cpu) = self.shared.config.worker_cpu {
+        let config = self.shared.config();
+        if let Some(cpu) = config.worker_cpu {
             if let Err(e) = virtnet_sys::pin_thread(cpu) {
                 tracing::warn!(cpu, error = %e, "cannot pin the worker");
             }
         }
         // Opened by this thread (the file is the opener's), before seccomp forbids opening.
-        self.sibling = SchedStat::open().ok().map(|s| {
-            let config = &self.shared.config;
-            Sibling::join(config.worker_cpu, s, config.worker_board.as_deref())
-        });
-        if self.shared.config.seccomp {
+        self.sibling = SchedStat::open()
+            .ok()
+            .map(|s| Sibling::join(config.worker_cpu, s, config.worker_board.as_deref()));
+        if config.seccomp {
             virtnet_sys::sandbox::restrict_thread()
                 .map_err(Error::host("installing the worker's seccomp filter"))?;
         }
@@ -160,10 +140,11 @@ impl<H: Host> Worker<H> {
             self.fire_due_calls();
             // The gap ends when the turn starts, not after it: a hit's own work is no idle time.
             let turn_start = self.idle_since.map(|_| Instant::now());
-            let tx = self.handle_tx();
-            let rx = self.handle_rx();
+            let tx = self.tx.turn(&mut *self.port);
+            let active = self.active();
+            let rx = self.rx.turn(&mut *self.port, &self.shared, active);
             self.faults
-                .check(self.tx.iter().chain(self.rx.queue.iter()));
+                .check(self.tx.queue().into_iter().chain(self.rx.queue()));
             let frames = tx.frames + rx.frames;
             if frames > 0 {
                 if let (Some(t), Some(now)) = (self.idle_since.take(), turn_start) {
@@ -193,8 +174,16 @@ impl<H: Host> Worker<H> {
                     EV_WAKE => {
                         let _ = self.inbox.wake.read();
                     }
-                    EV_RX_KICK => self.rx.queue.iter().for_each(QueueRuntime::take_kick),
-                    EV_TX_KICK => self.tx.iter().for_each(QueueRuntime::take_kick),
+                    EV_RX_KICK => self
+                        .rx
+                        .queue()
+                        .into_iter()
+                        .for_each(QueueRuntime::take_kick),
+                    EV_TX_KICK => self
+                        .tx
+                        .queue()
+                        .into_iter()
+                        .for_each(QueueRuntime::take_kick),
                     EV_TIMER => {
                         let _ = self.timer.wait();
                     }
@@ -202,7 +191,7 @@ impl<H: Host> Worker<H> {
                         if ev
                             .event_set()
                             .intersects(EventSet::ERROR | EventSet::HANG_UP)
-                            && self.host.fd().is_some_and(virtnet_sys::error_persists) =>
+                            && self.port.fd().is_some_and(virtnet_sys::error_persists) =>
                     {
                         self.unwatch_host();
                     }
@@ -214,7 +203,7 @@ impl<H: Host> Worker<H> {
     }
 
     fn queues(&mut self) -> impl Iterator<Item = &mut QueueRuntime> {
-        [self.tx.as_mut(), self.rx.queue.as_mut()]
+        [self.tx.queue_mut(), self.rx.queue_mut()]
             .into_iter()
             .flatten()
     }
@@ -225,7 +214,7 @@ impl<H: Host> Worker<H> {
     }
 
     fn next_call_deadline(&self) -> Option<Instant> {
-        [self.tx.as_ref(), self.rx.queue.as_ref()]
+        [self.tx.queue(), self.rx.queue()]
             .into_iter()
             .flatten()
             .filter_map(|q| q.call_deadline())
@@ -256,33 +245,22 @@ impl<H: Host> Worker<H> {
                     // A port fd given up on is tried again with each queue start: a TAP queue
                     // detached meanwhile (its pair disabled) reported an error until attached.
                     self.host_gone = false;
-                    if matches!(q.id(), QueueId::Rx(_)) {
-                        self.rx.release();
-                        install_queue(&self.epoll, &mut self.rx.queue, *q, EV_RX_KICK);
-                        if let Some(q) = &self.rx.queue {
-                            self.host.rx_started(q);
-                        }
+                    let old = if matches!(q.id(), QueueId::Rx(_)) {
+                        self.rx.start(install_queue(&self.epoll, *q, EV_RX_KICK))
                     } else {
-                        self.tx_waits_host = false;
-                        install_queue(&self.epoll, &mut self.tx, *q, EV_TX_KICK);
+                        self.tx.start(install_queue(&self.epoll, *q, EV_TX_KICK))
+                    };
+                    if let Some(old) = old {
+                        retire_queue(&self.epoll, old);
                     }
                 }
                 Command::Stop { queue, reply } => {
                     let q = if matches!(queue, QueueId::Rx(_)) {
-                        if self.host.rx_stopped() {
-                            // The frame waiting for buffers goes with the queue's owner.
-                            if let Some(q) = &self.rx.queue {
-                                q.counters().dropped.add(1);
-                            }
-                        }
-                        self.rx.release();
-                        self.rx.queue.take()
+                        self.rx.stop()
                     } else {
-                        // The longest chains the guest sent stay allocated in them.
-                        self.chains = Vec::new();
-                        self.tx_waits_host = false;
-                        self.tx.take()
+                        self.tx.stop()
                     };
+                    self.port.queue_stopped();
                     let _ = reply.send(q.map(|q| retire_queue(&self.epoll, q)));
                 }
                 Command::Shutdown => return false,
@@ -293,185 +271,17 @@ impl<H: Host> Worker<H> {
 
     /// Whether this pair carries traffic (MQ VQ_PAIRS_SET may have disabled it).
     fn active(&self) -> bool {
-        self.pair < self.shared.active_pairs.load(Relaxed)
-    }
-
-    /// Guest transmit: pop, send, return used; up to the weight.
-    fn handle_tx(&mut self) -> Turn {
-        let mut turn = Turn::default();
-        let Some(tx) = self.tx.as_mut().filter(|q| q.usable()) else {
-            // Broken while it waited (a call write interrupted, its memory faulted): it waits
-            // for nothing now, and a writable port, still watched, would wake us for ever.
-            self.tx_waits_host = false;
-            return turn;
-        };
-        if self.tx_waits_host {
-            if !self.host.writable() {
-                return turn;
-            }
-            self.tx_waits_host = false;
-        }
-        let hdr_len = vnet::hdr_len(tx.features());
-        let batch = self.host.tx_batch().clamp(1, WEIGHT_PACKETS);
-        if self.chains.len() < batch {
-            self.chains.resize_with(batch, Chain::new);
-        }
-        let mut bytes = 0u64;
-        let result: Result<(), RingError> = 'turn: loop {
-            if turn.at_weight(bytes, tx) {
-                break Ok(());
-            }
-            if H::LOOPBACK && self.rx.usable().is_none() {
-                // A loopback needs a working rx queue; without one, leave tx where it is.
-                break Ok(());
-            }
-            let want = batch.min(WEIGHT_PACKETS - turn.frames);
-            let mut popped = 0;
-            let mut pop_error = None;
-            while popped < want {
-                match tx.pop_into(&mut self.chains[popped]) {
-                    Ok(true) => popped += 1,
-                    Ok(false) => break,
-                    Err(e) => {
-                        pop_error = Some(e);
-                        break;
-                    }
-                }
-            }
-            if popped == 0 {
-                break pop_error.map_or(Ok(()), Err);
-            }
-            self.sent.clear();
-            if batch > 1 {
-                tx.counters().host_batches.add(1);
-            }
-            let chains = &self.chains[..popped];
-            let sent = self.host.send_batch(
-                tx.memory(),
-                chains,
-                &mut self.rx,
-                &self.shared,
-                &mut self.sent,
-            );
-            for (i, (chain, s)) in chains.iter().zip(&self.sent).enumerate() {
-                match *s {
-                    Sent::Taken => {}
-                    Sent::Dropped => tx.counters().dropped.add(1),
-                    Sent::Refused(why) => {
-                        tx.counters().dropped.add(1);
-                        tx.counters().hdr_refused(&why);
-                    }
-                    Sent::Later | Sent::Busy => {
-                        // Not now: this frame and the ones after it stay on tx, until the
-                        // guest posts rx buffers (Later) or the host is writable (Busy).
-                        tx.undo_pop((popped - i) as u16);
-                        if *s == Sent::Later {
-                            self.rx.block();
-                        } else {
-                            tx.counters().host_pushback.add(1);
-                            self.tx_waits_host = true;
-                        }
-                        break 'turn Ok(());
-                    }
-                }
-                if let Err(e) = tx.add_used(chain.head(), 0) {
-                    break 'turn Err(e);
-                }
-                turn.frames += 1;
-                bytes += chain.readable_len().saturating_sub(hdr_len as u64);
-            }
-            // Frames the port did not try stay on the ring for the next round.
-            let tried = self.sent.len().min(popped);
-            if let Err(e) = sent {
-                break Err(e);
-            }
-            if let Some(e) = pop_error {
-                break Err(e);
-            }
-            if tried < popped {
-                tx.undo_pop((popped - tried) as u16);
-                if tried == 0 {
-                    // The port took none (its ring failed, say): try again next turn rather
-                    // than spin here.
-                    break Ok(());
-                }
-            }
-        };
-        let c = &tx.counters();
-        c.packets.add(turn.frames as u64);
-        c.bytes.add(bytes);
-        match result {
-            Ok(()) => {
-                if turn.frames > 0 {
-                    notify(tx);
-                }
-            }
-            Err(e) => break_queue(tx, &e.into()),
-        }
-        if H::LOOPBACK && turn.frames > 0 {
-            if let Some(rx) = self.rx.usable() {
-                notify(rx);
-            }
-        }
-        turn
-    }
-
-    /// Guest receive: host frames into posted buffers; up to the weight.
-    fn handle_rx(&mut self) -> Turn {
-        let mut turn = Turn::default();
-        if self.rx.usable().is_none() || !self.active() || self.rx.still_blocked() {
-            return turn;
-        }
-        let mut bytes = 0u64;
-        let mut delivered = 0;
-        let result: Result<(), RingError> = loop {
-            let Some(rx) = self.rx.queue.as_ref() else {
-                break Ok(());
-            };
-            if turn.at_weight(bytes, rx) {
-                break Ok(());
-            }
-            let room = WEIGHT_PACKETS - turn.frames;
-            match self.host.receive(&mut self.rx, &self.shared, room) {
-                Ok(r) if r.frames + r.dropped == 0 => break Ok(()),
-                Ok(r) => {
-                    delivered += r.frames;
-                    turn.frames += r.frames + r.dropped;
-                    bytes += r.bytes;
-                }
-                Err(e) => break Err(e),
-            }
-        };
-        let Some(rx) = self.rx.queue.as_mut() else {
-            return turn;
-        };
-        let c = &rx.counters();
-        c.packets.add(delivered as u64);
-        c.bytes.add(bytes);
-        match result {
-            Ok(()) => {
-                if delivered > 0 && rx.usable() {
-                    notify(rx);
-                }
-            }
-            Err(e) => break_queue(rx, &e.into()),
-        }
-        turn
-    }
-
-    /// Whether the tx ring has frames the host can take now; a ring error breaks tx.
-    fn tx_pending(&mut self) -> bool {
-        !self.tx_waits_host && self.tx.as_mut().is_some_and(QueueRuntime::avail_pending)
+        self.shared.pair_active(self.pair)
     }
 
     /// Enables notifications on both queues (not on tx while it waits for the host: its
     /// kicks would tell nothing new); returns true if either re-check found work.
     fn arm_notifications(&mut self) -> bool {
         let mut pending = false;
-        let tx_waits = self.tx_waits_host;
+        let tx_waits = self.tx.waits_port();
         let queues = [
-            self.tx.as_mut().filter(|_| !tx_waits),
-            self.rx.queue.as_mut(),
+            self.tx.queue_mut().filter(|_| !tx_waits),
+            self.rx.queue_mut(),
         ];
         for q in queues.into_iter().flatten().filter(|q| q.usable()) {
             match q.enable_notification() {
@@ -490,20 +300,16 @@ impl<H: Host> Worker<H> {
     /// TAP with nowhere to put its frames must not wake us (level-triggered epoll would spin);
     /// the rx kick will. And for writing only while tx waits for the host.
     fn arm_host(&mut self) {
-        let Some(fd) = self.host.fd().filter(|_| !self.host_gone) else {
+        let Some(fd) = self.port.fd().filter(|_| !self.host_gone) else {
             return;
         };
         let mut want = EventSet::empty();
         // With a frame already waiting for buffers, the fd has nothing to tell us.
         // Nor while the pair is not in use: its TAP queue is detached, and reports an error.
-        if self.active()
-            && !self.host.holds_frame()
-            && !self.rx.still_blocked()
-            && self.rx.has_buffers()
-        {
+        if !self.rx.holds_frame() && self.rx_can_take() {
             want |= EventSet::IN;
         }
-        if self.tx_waits_host {
+        if self.tx.waits_port() {
             want |= EventSet::OUT;
         }
         if want == self.host_armed {
@@ -531,7 +337,7 @@ impl<H: Host> Worker<H> {
             "the host port's fd reports an error; no longer watched"
         );
         self.queues().for_each(|q| q.counters().host_errors.add(1));
-        if let Some(fd) = self.host.fd() {
+        if let Some(fd) = self.port.fd() {
             let _ = self
                 .epoll
                 .ctl(ControlOperation::Delete, fd, EpollEvent::default());
@@ -548,13 +354,9 @@ impl<H: Host> Worker<H> {
 
     /// Whether a queue has something to do right now, given the host port.
     fn has_runnable_work(&mut self) -> bool {
-        let tx = self.tx_pending();
-        let rx_bufs = self.rx_can_take();
-        if H::LOOPBACK {
-            tx && rx_bufs
-        } else {
-            tx || (rx_bufs && self.host.has_frames())
-        }
+        self.tx.pending()
+            || (self.tx.waits_port() && self.port.writable())
+            || ((self.rx.holds_frame() || self.port.readable()) && self.rx_can_take())
     }
 
     fn disarm_notifications(&mut self) {
@@ -568,10 +370,10 @@ mod tests {
     use std::io::Read;
     use std::os::fd::{AsFd, OwnedFd, RawFd};
 
-    use vring::{Features, GuestMemory};
+    use vring::{Error as RingError, Features, Gather, GuestMemory, Segment};
 
     use super::*;
-    use crate::host::Received;
+    use crate::host::Sent;
     use crate::poll::BusyPoll;
     use crate::testing::{setup_sized, shared};
     use crate::thread::WorkerHandle;
@@ -592,7 +394,7 @@ mod tests {
         }
     }
 
-    impl Host for PipePort {
+    impl Port for PipePort {
         fn tx_batch(&self) -> usize {
             if self.batch.is_some() {
                 vring::memory::MAX_URING_BATCH
@@ -601,41 +403,30 @@ mod tests {
             }
         }
 
-        fn send_batch(
-            &mut self,
-            mem: &GuestMemory,
-            chains: &[Chain],
-            rx: &mut RxPath,
-            shared: &Shared,
-            sent: &mut Vec<Sent>,
-        ) -> Result<(), RingError> {
-            match self.batch.as_mut() {
-                Some(b) => b.send(mem, chains, sent, |c| {
-                    Ok(Ok((Default::default(), vring::Tail::new(c.readable()))))
-                }),
-                None => crate::host::send_each(self, mem, chains, rx, shared, sent),
-            }
-        }
-
         fn send(
             &mut self,
             mem: &GuestMemory,
-            chain: &Chain,
-            _rx: &mut RxPath,
-            _shared: &Shared,
-        ) -> Result<Sent, RingError> {
-            Ok(match mem.writev_to(self.pipe.as_fd(), chain.readable())? {
-                Ok(_) => Sent::Taken,
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Sent::Busy,
-                Err(_) => Sent::Dropped,
-            })
+            frames: &[Gather<'_>],
+            sent: &mut Vec<Sent>,
+        ) -> Result<(), RingError> {
+            match self.batch.as_mut() {
+                Some(b) => b.send(mem, frames, sent),
+                None => crate::host::send_each(frames, sent, |f| {
+                    mem.writev_gather(self.pipe.as_fd(), f)
+                }),
+            }
         }
 
-        fn receive(&mut self, _: &mut RxPath, _: &Shared, _: usize) -> Result<Received, RingError> {
-            Ok(Received::default())
+        fn recv(
+            &mut self,
+            _: &GuestMemory,
+            _: &[Segment],
+            _: &mut [u8],
+        ) -> Result<std::io::Result<usize>, RingError> {
+            Ok(Err(std::io::ErrorKind::WouldBlock.into()))
         }
 
-        fn has_frames(&self) -> bool {
+        fn readable(&self) -> bool {
             false
         }
 
@@ -671,7 +462,10 @@ mod tests {
         let wake = vmm_sys_util::eventfd::EventFd::new(libc::EFD_NONBLOCK).unwrap();
         let worker = WorkerHandle::spawn("t-poll-shutdown".into(), wake, move |inbox| {
             let port = PipePort::new(wr, false);
-            Worker::new(0, port, shared, inbox).unwrap().run().unwrap();
+            Worker::new(0, Box::new(port), shared, inbox)
+                .unwrap()
+                .run()
+                .unwrap();
         })
         .unwrap();
         worker.start(s.runtime);
@@ -733,7 +527,10 @@ mod tests {
         let wake = vmm_sys_util::eventfd::EventFd::new(libc::EFD_NONBLOCK).unwrap();
         let worker = WorkerHandle::spawn(name.into(), wake, move |inbox| {
             let port = PipePort::new(wr, uring);
-            Worker::new(0, port, shared, inbox).unwrap().run().unwrap();
+            Worker::new(0, Box::new(port), shared, inbox)
+                .unwrap()
+                .run()
+                .unwrap();
         })
         .unwrap();
         worker.start(s.runtime);
@@ -806,7 +603,10 @@ mod tests {
         let wake = vmm_sys_util::eventfd::EventFd::new(libc::EFD_NONBLOCK).unwrap();
         let worker = WorkerHandle::spawn(name.into(), wake, move |inbox| {
             let port = PipePort::new(wr, false);
-            Worker::new(0, port, shared, inbox).unwrap().run().unwrap();
+            Worker::new(0, Box::new(port), shared, inbox)
+                .unwrap()
+                .run()
+                .unwrap();
         })
         .unwrap();
         worker.start(s.runtime);
@@ -854,7 +654,10 @@ mod tests {
         let wake = vmm_sys_util::eventfd::EventFd::new(libc::EFD_NONBLOCK).unwrap();
         let worker = WorkerHandle::spawn(name.into(), wake, move |inbox| {
             let port = PipePort::new(wr, false);
-            Worker::new(0, port, shared, inbox).unwrap().run().unwrap();
+            Worker::new(0, Box::new(port), shared, inbox)
+                .unwrap()
+                .run()
+                .unwrap();
         })
         .unwrap();
         worker.start(s.runtime);

@@ -344,7 +344,7 @@ fn vq_pairs_set_detaches_and_attaches_tap_queues_under_the_filter() {
             },
         )
     });
-    assert!(b.device.shared().config.seccomp);
+    assert!(b.device.shared().config().seccomp);
     let (conn, mut c, _queues) = setup(&b, 2);
     ns.wait_tap_attached(&tap.name, 2);
     let set = |c: &mut Ctrl, n: u16| command(&conn, c, &Command::VqPairsSet(n).encode(), 0).0;

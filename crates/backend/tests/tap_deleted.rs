@@ -112,7 +112,10 @@ fn deleted_tap_case(tag: &str, busy_poll: BusyPoll) {
             },
         )
     });
-    assert!(b.device.shared().config.seccomp, "the workers run filtered");
+    assert!(
+        b.device.shared().config().seccomp,
+        "the workers run filtered"
+    );
     let mut p = connect(&b, WANTED);
     ns.wait_tap_attached(&tap.name, 1);
     datagram_reaches_the_guest(&ns, &mut p);

@@ -213,7 +213,7 @@ pub fn assert_alive(b: &Backend) {
         assert!(thread_exists(&name), "no thread {name}");
     }
     // The case ran under the workers' seccomp filter, as the backend runs in production.
-    if b.device.shared().config.seccomp {
+    if b.device.shared().config().seccomp {
         let workers = (0..b.device.pairs()).map(|p| format!("virtnet-pair{p}"));
         for name in workers.chain(["virtnet-ctrlq".to_string()]) {
             let modes = thread_seccomp(&name);

@@ -104,6 +104,11 @@ impl<'m, 'a> Reader<'m, 'a> {
         }
     }
 
+    /// A reader at the first byte of `tail` in `mem`.
+    pub fn from_tail(mem: &'m GuestMemory, tail: Tail<'a>) -> Reader<'m, 'a> {
+        Reader { mem, tail }
+    }
+
     /// Bytes not read yet.
     pub fn remaining(&self) -> u64 {
         self.tail.len()

@@ -324,10 +324,8 @@ fn check_bounds(
     honest: bool,
     was_broken: &mut bool,
 ) {
-    let pairs = shared.config.pairs;
-    let active = shared
-        .active_pairs
-        .load(std::sync::atomic::Ordering::Relaxed);
+    let pairs = shared.pairs();
+    let active = shared.active_pairs();
     assert!(
         (1..=pairs).contains(&active),
         "{active} active pairs of {pairs}"

@@ -37,16 +37,15 @@ impl Model {
     }
 
     pub(super) fn of(shared: &Shared) -> Model {
-        let data_queues = 2 * shared.config.pairs as usize;
+        let data_queues = 2 * shared.pairs() as usize;
+        let (promisc, allmulti) = shared.filter();
         Model {
-            pairs: shared.config.pairs,
-            active_pairs: shared
-                .active_pairs
-                .load(std::sync::atomic::Ordering::Relaxed),
-            promisc: shared.promisc.load(std::sync::atomic::Ordering::Relaxed),
-            allmulti: shared.allmulti.load(std::sync::atomic::Ordering::Relaxed),
+            pairs: shared.pairs(),
+            active_pairs: shared.active_pairs(),
+            promisc,
+            allmulti,
             mac: shared.mac(),
-            coalesce: shared.tunables[..data_queues]
+            coalesce: shared.tunables()[..data_queues]
                 .iter()
                 .map(|m| (m.coalesce().max_packets, m.coalesce().max_usecs))
                 .collect(),

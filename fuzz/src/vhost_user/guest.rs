@@ -12,7 +12,6 @@
 //! also put through the TAP port's check, which the echo and null ports skip
 //! ([`super::tx_header`]).
 
-use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -351,7 +350,7 @@ impl Guest {
 
 /// The features the device negotiated (none before SET_FEATURES).
 fn negotiated(device: &Device) -> Features {
-    Features(device.shared().features.load(Relaxed))
+    device.shared().features()
 }
 
 fn build_driver(

@@ -1,25 +1,22 @@
 //! Guest tx frames written in bursts: one `io_uring_enter` for up to 64 frames, each its own
-//! writev of its checked header copy and the frame after it straight from guest memory
-//! (`vring::UringWriter`), and the outcome of each frame as the worker needs it ([`Sent`]), in
-//! order.
+//! writev of its header copy and the frame after it straight from guest memory
+//! (`vring::UringWriter`), and the outcome of each frame as the tx path needs it ([`Sent`]),
+//! in order.
 //!
-//! Ports whose fd takes one frame per write (a TAP) use it for [`super::Host::send_batch`].
+//! Ports whose fd takes one frame per write (a TAP) use it for [`super::Port::send`].
 
 use std::io;
 use std::os::fd::BorrowedFd;
 
 use vring::memory::{FrameResult, MAX_URING_BATCH};
-use vring::{Chain, Error as RingError, Gather, GuestMemory, Tail, UringWriter};
+use vring::{Error as RingError, Gather, GuestMemory, UringWriter};
 
-use super::tap::{Checked, TxHead};
 use super::{tx_outcome, Sent};
 
 /// Batched writes to one fd, and the scratch space of a batch.
 #[derive(Debug)]
 pub struct BatchWriter {
     uring: UringWriter,
-    /// The chains of the batch that were written (by index), and their results.
-    written: Vec<usize>,
     results: Vec<FrameResult>,
 }
 
@@ -30,7 +27,6 @@ impl BatchWriter {
     pub fn new(fd: BorrowedFd<'_>, pushback: bool) -> io::Result<BatchWriter> {
         Ok(BatchWriter {
             uring: UringWriter::new(fd, pushback)?,
-            written: Vec::with_capacity(MAX_URING_BATCH),
             results: Vec::with_capacity(MAX_URING_BATCH),
         })
     }
@@ -40,74 +36,38 @@ impl BatchWriter {
         self.uring.is_dead()
     }
 
-    /// Writes the frames of `chains` that `check` passes, in order, and pushes what became of
-    /// each chain into `sent`, as [`super::Host::send_batch`] does (a frame `check` refuses
-    /// is not written, and its outcome keeps its place). What is written of a frame is the
-    /// header copy `check` checked, then the frame after it. `check`'s outer error is a ring
-    /// error about that chain; the batch ends before it.
-    pub fn send<'c>(
+    /// Writes `frames` (at most [`MAX_URING_BATCH`]), in order, and pushes what became of each
+    /// into `sent`, as [`super::Port::send`] does: the first frame not tried ends the batch, and
+    /// so does a frame the fd pushed back ([`Sent::Busy`]) with linked writes. A frame whose
+    /// segments are outside memory is the guest's error, returned; the batch ends before it.
+    pub fn send(
         &mut self,
         mem: &GuestMemory,
-        chains: &'c [Chain],
+        frames: &[Gather<'_>],
         sent: &mut Vec<Sent>,
-        mut check: impl FnMut(&'c Chain) -> Result<Checked<'c>, RingError>,
     ) -> Result<(), RingError> {
-        let first = sent.len();
-        let mut error = None;
-        self.written.clear();
-        // Each written frame's header copy and body, by its place in `written`.
-        let mut heads = [TxHead::default(); MAX_URING_BATCH];
-        let mut bodies = [Tail::default(); MAX_URING_BATCH];
-        for (i, c) in chains.iter().enumerate().take(MAX_URING_BATCH) {
-            match check(c) {
-                Ok(Ok((head, body))) => {
-                    heads[self.written.len()] = head;
-                    bodies[self.written.len()] = body;
-                    self.written.push(i);
-                    sent.push(Sent::Taken);
-                }
-                Ok(Err(why)) => sent.push(Sent::Refused(why)),
-                Err(e) => {
-                    error = Some(e);
-                    break;
-                }
-            }
-        }
+        let frames = &frames[..frames.len().min(MAX_URING_BATCH)];
         self.results.clear();
-        let frames = (0..self.written.len()).map(|k| Gather::new(heads[k].as_bytes(), bodies[k]));
-        if let Err(e) = mem.writev_batch(&mut self.uring, frames, &mut self.results) {
+        if let Err(e) = mem.writev_batch(&mut self.uring, frames.iter().copied(), &mut self.results)
+        {
             // `results` still says what became of the frames it wrote.
             tracing::warn!(error = %e, "io_uring failed");
         }
-        // Each frame written has its outcome; the first one not tried ends the batch there.
-        let mut end = sent.len();
-        for (k, &i) in self.written.iter().enumerate() {
-            let Some(r) = self.results.get_mut(k) else {
-                end = first + i;
-                break;
-            };
-            let r = std::mem::replace(r, Ok(Ok(0)));
+        for k in 0..self.results.len() {
+            let r = std::mem::replace(&mut self.results[k], Ok(Ok(0)));
             let later_taken = || self.results[k + 1..].iter().any(|r| matches!(r, Ok(Ok(_))));
-            match tx_outcome(r) {
+            match tx_outcome(r)? {
                 // Unlinked writes (the fd never pushes back but for a failed allocation): a
                 // frame after this one went out, so this one cannot wait on the ring for its
                 // turn. Dropped and counted.
-                Ok(Sent::Busy) if later_taken() => sent[first + i] = Sent::Dropped,
-                Ok(s) => {
-                    sent[first + i] = s;
-                    if matches!(s, Sent::Busy) {
-                        end = first + i + 1;
-                        break;
-                    }
-                }
-                Err(e) => {
-                    end = first + i;
-                    error = Some(e);
+                Sent::Busy if later_taken() => sent.push(Sent::Dropped),
+                Sent::Busy => {
+                    sent.push(Sent::Busy);
                     break;
                 }
+                s => sent.push(s),
             }
         }
-        sent.truncate(end);
-        error.map_or(Ok(()), Err)
+        Ok(())
     }
 }

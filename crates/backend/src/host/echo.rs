@@ -1,86 +1,118 @@
-//! The `echo` port: each guest tx frame comes back on guest rx, header and all. Guest tx
-//! waits while rx has no room, so nothing is lost between the two.
+//! The `echo` port: each guest tx frame comes back on guest rx, header and all. Frames wait
+//! here between the two, up to [`QUEUE_FRAMES`]; beyond, the port pushes back and guest tx
+//! waits on its ring until rx has taken some, so nothing is lost between the two while both
+//! run.
 
-use vring::{Chain, Error as RingError, GuestMemory, Reader};
+use std::collections::VecDeque;
+use std::io;
 
-use super::{Host, Received, Sent};
-use crate::rx::{Delivery, RxPath};
-use crate::shared::Shared;
+use vring::{Error as RingError, Features, Gather, GuestMemory, Reader, Segment, Writer};
 
-/// The largest frame echoed: a 64 KiB GSO frame and its header.
-const MAX_FRAME: usize = 65536 + vnet::HDR_LEN + 14 + 4;
+use super::{Port, Sent};
 
-#[derive(Debug)]
+/// Frames that wait for guest rx, at most: as many as a ring of 256 holds.
+pub const QUEUE_FRAMES: usize = 256;
+
+/// The largest frame echoed: a 64 KiB GSO frame and its header; a longer one is cut.
+const MAX_FRAME: usize = super::MAX_RX_FRAME;
+
+#[derive(Debug, Default)]
 pub struct EchoPort {
-    /// One frame between the rings.
-    bounce: Vec<u8>,
+    /// Frames on their way back, oldest first.
+    frames: VecDeque<Vec<u8>>,
+    /// Buffers of frames already echoed, for the next ones.
+    free: Vec<Vec<u8>>,
 }
 
-impl Default for EchoPort {
-    fn default() -> Self {
-        EchoPort {
-            bounce: vec![0u8; MAX_FRAME],
-        }
-    }
-}
-
-impl Host for EchoPort {
-    const LOOPBACK: bool = true;
-
-    /// Copies the frame into rx buffers; `Later` when rx has no room (nothing consumed). An
-    /// rx error breaks the rx queue only, and the tx frame is consumed.
+impl Port for EchoPort {
+    /// Copies each frame (the header copy the tx path hands over, then the frame in guest
+    /// memory); [`Sent::Busy`] once [`QUEUE_FRAMES`] wait.
     fn send(
         &mut self,
         mem: &GuestMemory,
-        chain: &Chain,
-        rx: &mut RxPath,
-        shared: &Shared,
-    ) -> Result<Sent, RingError> {
-        // The frame, cut at the bounce buffer's size.
-        let n = (chain.readable_len() as usize).min(self.bounce.len());
-        Reader::new(mem, chain.readable()).read_exact(&mut self.bounce[..n])?;
-        match rx.deliver(shared, &mut self.bounce[..n]) {
-            Ok(Delivery::Delivered) => {
-                let hdr_len = rx.hdr_len();
-                if let Some(q) = rx.queue.as_ref() {
-                    let c = &q.counters();
-                    c.packets.add(1);
-                    c.bytes.add(n.saturating_sub(hdr_len) as u64);
-                }
-                Ok(Sent::Taken)
+        frames: &[Gather<'_>],
+        sent: &mut Vec<Sent>,
+    ) -> Result<(), RingError> {
+        for f in frames {
+            if self.frames.len() >= QUEUE_FRAMES {
+                sent.push(Sent::Busy);
+                break;
             }
-            // Counted by the rx path; the tx frame is consumed.
-            Ok(Delivery::Dropped) => Ok(Sent::Taken),
-            Ok(Delivery::NoRoom) => Ok(Sent::Later),
-            Err(e) => {
-                rx.fail(e);
-                Ok(Sent::Taken) // The tx chain is consumed and dropped.
+            let mut buf = self.free.pop().unwrap_or_default();
+            let body = (f.body.len() as usize).min(MAX_FRAME.saturating_sub(f.head.len()));
+            buf.clear();
+            buf.extend_from_slice(f.head);
+            let at = buf.len();
+            buf.resize(at + body, 0);
+            if let Err(e) = Reader::from_tail(mem, f.body).read_exact(&mut buf[at..]) {
+                self.free.push(buf);
+                return Err(e);
             }
+            self.frames.push_back(buf);
+            sent.push(Sent::Taken);
         }
+        Ok(())
     }
 
-    fn receive(&mut self, _: &mut RxPath, _: &Shared, _: usize) -> Result<Received, RingError> {
-        Ok(Received::default()) // Driven from tx.
+    /// The oldest frame waiting, into `segs` then `tail`; cut if both together are shorter.
+    fn recv(
+        &mut self,
+        mem: &GuestMemory,
+        segs: &[Segment],
+        tail: &mut [u8],
+    ) -> Result<io::Result<usize>, RingError> {
+        let Some(frame) = self.frames.pop_front() else {
+            return Ok(Err(io::ErrorKind::WouldBlock.into()));
+        };
+        let in_guest = Writer::new(mem, segs).write(&frame);
+        let n = match in_guest {
+            Ok(n) => n,
+            Err(e) => {
+                self.free.push(frame);
+                return Err(e);
+            }
+        };
+        let rest = &frame[n..];
+        let k = rest.len().min(tail.len());
+        tail[..k].copy_from_slice(&rest[..k]);
+        let len = n + k;
+        self.free.push(frame);
+        Ok(Ok(len))
     }
 
-    fn has_frames(&self) -> bool {
-        false
+    /// The frames waiting were the stopped queues' guest's: a next frontend does not get
+    /// them.
+    fn queue_stopped(&mut self) {
+        self.free.extend(self.frames.drain(..));
+    }
+
+    /// Whatever the guest sent, up to [`MAX_FRAME`], whatever its features say.
+    fn max_frame(&self, _features: Features, _mtu: u16) -> usize {
+        MAX_FRAME
+    }
+
+    fn readable(&self) -> bool {
+        !self.frames.is_empty()
+    }
+
+    fn writable(&self) -> bool {
+        self.frames.len() < QUEUE_FRAMES
     }
 }
 
 #[cfg(test)]
 mod tests {
-
     use testkit::Pair;
     use vnet::feature;
-    use vring::Features;
+    use vring::Tail;
 
     use super::*;
     use crate::queue::QueueId;
+    use crate::rx::RxPath;
     use crate::testing::{post_rx, setup, shared, used};
 
     #[test]
-    fn a_frame_comes_back_on_rx_or_waits_for_room() {
+    fn a_frame_comes_back_on_rx_once_it_has_buffers_and_a_full_port_pushes_back() {
         let f = Features::VERSION_1.union(feature::MRG_RXBUF);
         let mut tx = setup(QueueId::Tx(0), f);
         let rx = setup(QueueId::Rx(0), f);
@@ -92,24 +124,34 @@ mod tests {
         let chain = tx.runtime.engine().pop().unwrap().unwrap();
         let mut port = EchoPort::default();
         let s = shared();
-        let send = |port: &mut EchoPort, path: &mut RxPath| {
-            port.send(tx.runtime.memory(), &chain, path, &s)
-        };
-        assert_eq!(
-            send(&mut port, &mut path),
-            Ok(Sent::Later),
-            "no rx buffer yet"
-        );
+        let mut sent = Vec::new();
+        let gather = Gather::new(&[], Tail::new(chain.readable()));
+        port.send(tx.runtime.memory(), &[gather], &mut sent)
+            .unwrap();
+        assert_eq!(sent, [Sent::Taken]);
+        assert!(port.readable());
+        // No rx buffer yet: the frame waits in the port.
+        assert_eq!(path.receive(&mut port, &s, 64).unwrap().frames, 0);
+        assert!(port.readable());
         post_rx(&mut rx_driver, 1, 1024);
-        assert_eq!(send(&mut port, &mut path), Ok(Sent::Taken));
-        let q = path.queue.as_mut().unwrap();
+        assert_eq!(path.receive(&mut port, &s, 64).unwrap().frames, 1);
+        let q = path.queue_mut().unwrap();
         q.flush();
         assert_eq!(used(&mut rx_driver), [(0, 200)]);
-        assert_eq!(q.counters().packets.get(), 1);
         let mut back = vec![0u8; 200];
         rx_mem.read(Pair::buf(0, 0).addr, &mut back).unwrap();
         // The header's num_buffers is the device's; the frame after it comes back as sent.
         assert_eq!(back[vnet::HDR_LEN..], frame[vnet::HDR_LEN..]);
         assert_eq!(u16::from_le_bytes([back[10], back[11]]), 1);
+        // A full port pushes back, and takes frames again once rx has taken one.
+        sent.clear();
+        let many = vec![gather; QUEUE_FRAMES + 1];
+        port.send(tx.runtime.memory(), &many, &mut sent).unwrap();
+        assert_eq!(sent.len(), QUEUE_FRAMES + 1);
+        assert_eq!(sent[QUEUE_FRAMES], Sent::Busy);
+        assert!(!port.writable());
+        post_rx(&mut rx_driver, 1, 1024);
+        assert_eq!(path.receive(&mut port, &s, 64).unwrap().frames, 1);
+        assert!(port.writable());
     }
 }

@@ -1,14 +1,26 @@
-//! Host ports: where a pair's guest frames go and its host frames come from.
+//! Host ports: where a pair's guest tx frames go and its guest rx frames come from, and what a
+//! port does for the device beyond frames.
 //!
-//! A worker drives one port through [`Host`]: `send` for each guest tx frame, `receive` to fill
-//! guest rx, `fd` and `has_frames` to know when the host side has frames. A new kind of port
-//! is one more file here implementing the trait, and one arm in `Device::new` that builds it.
+//! A [`Port`] is passive: it moves frames when asked, `send` for a batch of guest tx frames and
+//! `recv` for one host frame, with `readable`, `writable` and `fd` to say when. The policy of
+//! when and how is the data path's, the same for every port: the tx path
+//! (`crate::tx`) checks the virtio-net headers a kernel will trust and holds frames the port
+//! pushes back on the ring; the rx path (`crate::rx`) reads only when the guest has posted
+//! buffers, straight into them when it posted enough for the largest frame, else into a buffer
+//! of its own where a frame waits for more.
 //!
-//! - [`tap::TapPort`]: a TAP queue (IFF_VNET_HDR), the production port.
-//! - [`null::NullPort`]: drops guest tx, fills guest rx with generated frames (benchmarks).
-//! - [`echo::EchoPort`]: loops guest tx back to guest rx (benchmarks, tests).
-//! - [`socket::SocketPort`]: one end of a unix datagram socket, the other end's holder being
-//!   the host side (benchmarks: a peer that answers from its own thread, as a TAP's would).
+//! A port's control plane is its [`Control`], which the device owns: the features the port
+//! makes the device offer, its MTU, the negotiated offloads, attaching and detaching a pair's
+//! queue, announcing a MAC after a migration.
+//!
+//! - [`tap::TapPort`]: a TAP queue (IFF_VNET_HDR), the production port, and [`tap::TapControl`].
+//! - [`null::NullPort`]: drops guest tx, fills guest rx with one generated frame (benchmarks).
+//! - [`echo::EchoPort`]: guest tx comes back on guest rx (benchmarks, tests).
+//! - [`socket::SocketPort`]: one end of a unix datagram socket, whose other end's holder is the
+//!   host side (benchmarks: a peer that answers from its own thread, as a TAP's would).
+//!
+//! A new kind of port is one more file here with its `Port` (and `Control`, if it has one), and
+//! one arm in [`open`].
 
 pub mod batch;
 pub mod echo;
@@ -16,14 +28,13 @@ pub mod null;
 pub mod socket;
 pub mod tap;
 
+use std::io;
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
-use vring::{Chain, Error as RingError, GuestMemory};
+use vring::{Error as RingError, Features, Gather, GuestMemory, Segment};
 
-use super::queue::QueueRuntime;
-use super::rx::{Delivery, RxPath};
-use super::shared::Shared;
+use crate::config::{BackendConfig, IoMode, MAX_MTU};
 
 /// What became of one guest tx frame.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -33,84 +44,217 @@ pub enum Sent {
     /// The host refused it (a frame the TAP does not take, too many segments): consumed,
     /// counted as dropped.
     Dropped,
-    /// Not now: the frame stays on the tx ring (a loopback port without rx room).
-    Later,
     /// The host cannot take frames now (the TAP's send buffer is full): the frame stays on
-    /// the tx ring, and tx waits until [`Host::writable`].
+    /// the tx ring, and tx waits until [`Port::writable`].
     Busy,
     /// The frame's virtio-net header is one a driver must not send: consumed, counted as
-    /// dropped and by reason.
+    /// dropped and by reason (the tx path's verdict; a port never says it).
     Refused(vnet::TxHdrError),
 }
 
-/// Frames one `receive` call handled.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Received {
-    /// Frames put into guest rx, and their bytes, headers excluded.
-    pub frames: usize,
-    pub bytes: u64,
-    /// Host frames consumed but not delivered (filtered, or too large for every buffer the
-    /// guest could post): counted by the rx path, and against the turn's weight.
-    pub dropped: usize,
-}
-
-impl Received {
-    /// One frame of `len` bytes, `hdr_len` of them the virtio-net header, put into guest rx.
-    pub fn one(len: usize, hdr_len: usize) -> Received {
-        Received {
-            frames: 1,
-            bytes: len.saturating_sub(hdr_len) as u64,
-            dropped: 0,
-        }
+/// A pair's host side, as its worker drives it. Ring errors returned are the guest's (a
+/// segment outside memory) and break the queue the call was about.
+pub trait Port: Send + 'static {
+    /// Whether a kernel builds packets from the frames' virtio-net headers (a TAP's
+    /// `virtio_net_hdr_to_skb` trusts them): the tx path then checks each header, and hands
+    /// the port the checked copy. Other ports get the frames as they are in guest memory.
+    fn checks_tx_headers(&self) -> bool {
+        false
     }
 
-    /// One host frame consumed and not delivered.
-    pub const DROPPED: Received = Received {
-        frames: 0,
-        bytes: 0,
-        dropped: 1,
-    };
+    /// Busy polling asks [`Port::readable`] and [`Port::writable`] every this many spins (more
+    /// than 1 when asking costs a system call).
+    fn poll_every(&self) -> u32 {
+        1
+    }
+
+    /// How many guest tx frames [`Port::send`] takes at once.
+    fn tx_batch(&self) -> usize {
+        1
+    }
+
+    /// Passes guest tx frames of `mem` (a header copy, then the frame's bytes in guest
+    /// memory) to the host, in order, and pushes what became of each into `sent`. It may stop
+    /// early: the frames after the last outcome pushed stay on the tx ring, as does one whose
+    /// outcome is [`Sent::Busy`], which ends the batch. On an error, the outcomes pushed are
+    /// those of the frames before the one the error is about.
+    fn send(
+        &mut self,
+        mem: &GuestMemory,
+        frames: &[Gather<'_>],
+        sent: &mut Vec<Sent>,
+    ) -> Result<(), RingError>;
+
+    /// Reads the next host frame, virtio-net header first: into `segs` of `mem`, then `tail`
+    /// for what they cannot hold. Returns its length; `WouldBlock` (inner) when none waits.
+    fn recv(
+        &mut self,
+        mem: &GuestMemory,
+        segs: &[Segment],
+        tail: &mut [u8],
+    ) -> Result<io::Result<usize>, RingError>;
+
+    /// The frame the port gives again and again, built for a header of `hdr_len` bytes (the
+    /// null generator): the rx path copies it into the guest's buffers in bursts instead of
+    /// calling [`Port::recv`].
+    fn repeated_frame(&mut self, _hdr_len: usize) -> Option<&mut [u8]> {
+        None
+    }
+
+    /// A queue of the pair stopped (the frontend went away, or reset it): a port that holds
+    /// guest frames of its own drops them.
+    fn queue_stopped(&mut self) {}
+
+    /// The largest frame the port hands out with `features` negotiated (so its offloads
+    /// set) on a link of `mtu`: what the rx path reads a frame into the guest's buffers for,
+    /// and beyond which it drops one.
+    fn max_frame(&self, features: Features, mtu: u16) -> usize {
+        max_rx_frame(features, mtu)
+    }
+
+    /// Whether host frames wait now.
+    fn readable(&self) -> bool;
+
+    /// Whether the port takes frames again after [`Sent::Busy`].
+    fn writable(&self) -> bool {
+        true
+    }
+
+    /// The fd that becomes readable when host frames arrive, and writable when the port takes
+    /// frames again, if the port has one.
+    fn fd(&self) -> Option<RawFd> {
+        None
+    }
 }
 
-/// Delivers the `n`-byte frame in `bounce` (read by a port whose rx went through its own
-/// buffer); one that does not fit the posted buffers stays there, in `pending`, until the
-/// guest posts more.
-pub(crate) fn deliver_bounced(
-    rx: &mut RxPath,
-    shared: &Shared,
-    bounce: &mut [u8],
-    n: usize,
-    pending: &mut Option<usize>,
-) -> Result<Received, RingError> {
-    Ok(match rx.deliver(shared, &mut bounce[..n])? {
-        Delivery::Delivered => Received::one(n, rx.hdr_len()),
-        Delivery::Dropped => Received::DROPPED,
-        Delivery::NoRoom => {
-            // Too few buffers for this frame: keep it until the guest posts more.
-            *pending = Some(n);
-            rx.block();
-            Received::default()
+/// The largest frame rx reads: a 64 KiB GSO frame and its header.
+pub const MAX_RX_FRAME: usize = 65536 + vnet::HDR_LEN + 14 + 4;
+
+/// The largest frame a kernel port (a TAP) hands out with `features` negotiated (so its
+/// offloads set) on a link of `mtu`: 64 KiB with any receive segmentation offload, else one
+/// MTU-sized frame with a VLAN tag.
+pub fn max_rx_frame(features: Features, mtu: u16) -> usize {
+    let gso = vnet::feature::GUEST_TSO4
+        | vnet::feature::GUEST_TSO6
+        | vnet::feature::GUEST_UFO
+        | vnet::feature::GUEST_USO4
+        | vnet::feature::GUEST_USO6;
+    if features.intersection(gso) != Features::EMPTY {
+        MAX_RX_FRAME
+    } else {
+        vnet::hdr_len(features) + 14 + 4 + mtu.max(1500) as usize
+    }
+}
+
+/// What a port does for the device beyond moving frames. Every method has the behaviour of a
+/// port with no host device of its own (the generators) as its default.
+pub trait Control: Send + Sync + std::fmt::Debug {
+    /// Features the port makes the device offer beyond `shared::device_features`.
+    fn offered(&self) -> Features {
+        Features::EMPTY
+    }
+
+    /// The largest MTU the port carries.
+    fn max_mtu(&self) -> u16 {
+        MAX_MTU
+    }
+
+    /// The MTU of the port's host interface, if it has one.
+    fn mtu(&self) -> io::Result<Option<u16>> {
+        Ok(None)
+    }
+
+    /// Sets the MTU of the port's host interface.
+    fn set_mtu(&self, _mtu: u16) -> io::Result<()> {
+        Ok(())
+    }
+
+    /// Applies the features the frontend acknowledged (the header length, the receive
+    /// offloads the guest can take).
+    fn configure(&self, _features: Features) -> io::Result<()> {
+        Ok(())
+    }
+
+    /// Attaches or detaches pair `pair`'s host queue: frames are steered only to attached
+    /// ones.
+    fn attach(&self, _pair: u16, _on: bool) -> io::Result<()> {
+        Ok(())
+    }
+
+    /// Sends `frame` (Ethernet header first) out of the host side as if the guest had, with
+    /// `features` negotiated; false when the port has nowhere to send it.
+    fn announce(&self, _frame: &[u8], _features: Features) -> io::Result<bool> {
+        Ok(false)
+    }
+
+    /// The host interface's name, for logs.
+    fn name(&self) -> Option<&str> {
+        None
+    }
+}
+
+/// The control of a port with no host device of its own.
+#[derive(Debug, Default)]
+pub struct NoControl;
+
+impl Control for NoControl {}
+
+/// A device's ports: one per pair, and their control.
+pub struct Opened {
+    pub control: Box<dyn Control>,
+    pub ports: Vec<Box<dyn Port>>,
+}
+
+impl std::fmt::Debug for Opened {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Opened")
+            .field("control", &self.control)
+            .field("ports", &self.ports.len())
+            .finish()
+    }
+}
+
+/// Opens the ports `config.io` names, one per pair.
+pub fn open(config: &BackendConfig) -> io::Result<Opened> {
+    let pairs = config.pairs;
+    fn boxed<P: Port>(ports: Vec<P>) -> Vec<Box<dyn Port>> {
+        ports
+            .into_iter()
+            .map(|p| Box::new(p) as Box<dyn Port>)
+            .collect()
+    }
+    Ok(match &config.io {
+        IoMode::Tap(name) => {
+            let (control, ports) = tap::open(name, config)?;
+            Opened {
+                control: Box::new(control),
+                ports: boxed(ports),
+            }
+        }
+        IoMode::Null { size } => Opened {
+            control: Box::new(NoControl),
+            ports: boxed((0..pairs).map(|p| null::NullPort::new(*size, p)).collect()),
+        },
+        IoMode::Echo => Opened {
+            control: Box::new(NoControl),
+            ports: boxed((0..pairs).map(|_| echo::EchoPort::default()).collect()),
+        },
+        IoMode::Socket(s) => {
+            if s.len() != pairs as usize {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("{} sockets for {} queue pairs", s.len(), pairs),
+                ));
+            }
+            let ports = (0..pairs)
+                .map(|p| socket::SocketPort::new(s.duplicate(p)?))
+                .collect::<io::Result<Vec<_>>>()?;
+            Opened {
+                control: Box::new(NoControl),
+                ports: boxed(ports),
+            }
         }
     })
-}
-
-/// [`Host::send_batch`] frame by frame, through [`Host::send`].
-pub(crate) fn send_each<H: Host + ?Sized>(
-    host: &mut H,
-    mem: &GuestMemory,
-    chains: &[Chain],
-    rx: &mut RxPath,
-    shared: &Shared,
-    sent: &mut Vec<Sent>,
-) -> Result<(), RingError> {
-    for chain in chains {
-        let s = host.send(mem, chain, rx, shared)?;
-        sent.push(s);
-        if matches!(s, Sent::Later | Sent::Busy) {
-            break;
-        }
-    }
-    Ok(())
 }
 
 /// What became of a frame, from what writing it returned.
@@ -140,6 +284,23 @@ pub(crate) fn tx_outcome(
     }
 }
 
+/// Writes `frames` one writev each with `write`, pushing each outcome into `sent`; stops after
+/// a [`Sent::Busy`]. A port's `send` when it has no batched writes.
+pub(crate) fn send_each(
+    frames: &[Gather<'_>],
+    sent: &mut Vec<Sent>,
+    mut write: impl FnMut(Gather<'_>) -> Result<io::Result<usize>, RingError>,
+) -> Result<(), RingError> {
+    for f in frames {
+        let s = tx_outcome(write(*f))?;
+        sent.push(s);
+        if s == Sent::Busy {
+            break;
+        }
+    }
+    Ok(())
+}
+
 /// A write error that means "not now" rather than "not this frame" (vhost_net's `handle_tx`
 /// treats the same three so): the frame stays on the tx ring.
 pub(crate) fn is_pushback(e: &std::io::Error) -> bool {
@@ -147,82 +308,4 @@ pub(crate) fn is_pushback(e: &std::io::Error) -> bool {
         e.raw_os_error(),
         Some(libc::EAGAIN | libc::ENOMEM | libc::ENOBUFS)
     )
-}
-
-/// A pair's host side, as its worker drives it. Ring errors returned break the queue the
-/// call was about (tx for `send`, rx for `receive`).
-pub trait Host: Send + 'static {
-    /// Guest tx is looped to guest rx: tx needs a usable rx queue, waits while rx has no room,
-    /// and rx is notified after each tx turn.
-    const LOOPBACK: bool = false;
-    /// Busy polling asks [`Host::has_frames`] every this many spins (more than 1 when asking
-    /// costs a syscall).
-    const POLL_EVERY: u32 = 1;
-
-    /// The rx queue (re)started; the port may prepare for its features.
-    fn rx_started(&mut self, _rx: &QueueRuntime) {}
-
-    /// The rx queue stopped. Returns true if a frame the port held for it was dropped.
-    fn rx_stopped(&mut self) -> bool {
-        false
-    }
-
-    /// Passes one guest tx frame (the readable part of `chain` in `mem`, header first) to the
-    /// host.
-    fn send(
-        &mut self,
-        mem: &GuestMemory,
-        chain: &Chain,
-        rx: &mut RxPath,
-        shared: &Shared,
-    ) -> Result<Sent, RingError>;
-
-    /// How many guest tx frames [`Host::send_batch`] takes at once (1: frame by frame).
-    fn tx_batch(&self) -> usize {
-        1
-    }
-
-    /// Passes the guest tx frames of `chains` to the host, in order, and pushes what became
-    /// of each into `sent`. It may stop early: the frames after the last outcome pushed stay
-    /// on the tx ring, as does a frame whose outcome is [`Sent::Later`] or [`Sent::Busy`],
-    /// which ends the batch. On an error, the outcomes pushed are those of the frames before
-    /// the one the error is about. By default, [`Host::send`] for each frame.
-    fn send_batch(
-        &mut self,
-        mem: &GuestMemory,
-        chains: &[Chain],
-        rx: &mut RxPath,
-        shared: &Shared,
-        sent: &mut Vec<Sent>,
-    ) -> Result<(), RingError> {
-        send_each(self, mem, chains, rx, shared, sent)
-    }
-
-    /// Puts host frames into guest rx, at most `room` of them. Zero frames: nothing more
-    /// for now. The caller has checked that rx is usable.
-    fn receive(
-        &mut self,
-        rx: &mut RxPath,
-        shared: &Shared,
-        room: usize,
-    ) -> Result<Received, RingError>;
-
-    /// Whether host frames are waiting for guest rx now.
-    fn has_frames(&self) -> bool;
-
-    /// Whether the port takes frames again after [`Sent::Busy`].
-    fn writable(&self) -> bool {
-        true
-    }
-
-    /// Whether the port holds a frame that did not fit guest rx (the fd has nothing to add).
-    fn holds_frame(&self) -> bool {
-        false
-    }
-
-    /// The fd that becomes readable when host frames arrive, and writable when the port takes
-    /// frames again after [`Sent::Busy`], if the port has one.
-    fn fd(&self) -> Option<RawFd> {
-        None
-    }
 }

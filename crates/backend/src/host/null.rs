@@ -1,21 +1,21 @@
 //! The `null` port: guest tx is dropped, guest rx is filled with one generated frame over and
 //! over, as fast as the guest posts buffers. It measures the data path without a host below.
 
-use vring::{Chain, Error as RingError, GuestMemory};
+use std::io;
 
-use super::{Host, Received, Sent};
-use crate::queue::QueueRuntime;
-use crate::rx::{Delivery, RxPath};
-use crate::shared::Shared;
 use vnet::NetHdr;
+use vring::{Error as RingError, Gather, GuestMemory, Segment};
+
+use super::{Port, Sent};
 
 #[derive(Debug)]
 pub struct NullPort {
     /// Frame bytes after the header, at least 60 (a minimal Ethernet frame).
     size: usize,
     pair: u16,
-    /// The frame, header first, for the rx queue's header length.
+    /// The frame, header first, for a header of `hdr_len` bytes.
     frame: Vec<u8>,
+    hdr_len: usize,
 }
 
 impl NullPort {
@@ -24,6 +24,7 @@ impl NullPort {
             size,
             pair,
             frame: Vec::new(),
+            hdr_len: 0,
         };
         port.build_frame(vnet::HDR_LEN);
         port
@@ -43,48 +44,40 @@ impl NullPort {
         eth[6..12].copy_from_slice(&[0x02, 0, 0, 0, 0, self.pair as u8]);
         eth[12..14].copy_from_slice(&0x88b5u16.to_be_bytes());
         self.frame = f;
+        self.hdr_len = hdr_len;
     }
 }
 
-impl Host for NullPort {
-    fn rx_started(&mut self, rx: &QueueRuntime) {
-        self.build_frame(vnet::hdr_len(rx.features()));
-    }
-
+impl Port for NullPort {
+    /// Guest tx is dropped unread.
     fn send(
         &mut self,
         _mem: &GuestMemory,
-        _chain: &Chain,
-        _rx: &mut RxPath,
-        _shared: &Shared,
-    ) -> Result<Sent, RingError> {
-        Ok(Sent::Taken)
+        frames: &[Gather<'_>],
+        sent: &mut Vec<Sent>,
+    ) -> Result<(), RingError> {
+        sent.extend(frames.iter().map(|_| Sent::Taken));
+        Ok(())
     }
 
-    fn receive(
+    fn recv(
         &mut self,
-        rx: &mut RxPath,
-        shared: &Shared,
-        room: usize,
-    ) -> Result<Received, RingError> {
-        let payload = self.frame.len().saturating_sub(rx.hdr_len()) as u64;
-        let mut frames = rx.deliver_burst(shared, &mut self.frame, room)?;
-        if frames == 0 {
-            match rx.deliver(shared, &mut self.frame)? {
-                Delivery::Delivered => frames = 1,
-                // The same frame again would not fit either: wait for the guest to post more,
-                // rather than spin on buffers that cannot take it.
-                Delivery::Dropped | Delivery::NoRoom => rx.block(),
-            }
-        }
-        Ok(Received {
-            frames,
-            bytes: frames as u64 * payload,
-            dropped: 0,
-        })
+        _mem: &GuestMemory,
+        _segs: &[Segment],
+        _tail: &mut [u8],
+    ) -> Result<io::Result<usize>, RingError> {
+        Ok(Err(io::ErrorKind::WouldBlock.into()))
     }
 
-    fn has_frames(&self) -> bool {
+    /// The generated frame, rebuilt when the header length changes.
+    fn repeated_frame(&mut self, hdr_len: usize) -> Option<&mut [u8]> {
+        if self.hdr_len != hdr_len {
+            self.build_frame(hdr_len);
+        }
+        Some(&mut self.frame)
+    }
+
+    fn readable(&self) -> bool {
         true
     }
 }
@@ -97,6 +90,7 @@ mod tests {
 
     use super::*;
     use crate::queue::QueueId;
+    use crate::rx::RxPath;
     use crate::testing::{post_rx, setup, shared, used};
 
     #[test]
@@ -105,14 +99,13 @@ mod tests {
         let mut s = setup(QueueId::Rx(0), f);
         post_rx(&mut s.driver, 10, 256);
         let mut port = NullPort::new(64, 3);
-        port.rx_started(&s.runtime);
         let mut rx = RxPath::with_queue(s.runtime);
-        let got = port.receive(&mut rx, &shared(), 6).unwrap();
+        let got = rx.receive(&mut port, &shared(), 6).unwrap();
         assert_eq!((got.frames, got.bytes), (6, 6 * 64));
-        let got = port.receive(&mut rx, &shared(), 6).unwrap();
+        let got = rx.receive(&mut port, &shared(), 6).unwrap();
         assert_eq!(got.frames, 4, "only 4 buffers left");
-        assert_eq!(port.receive(&mut rx, &shared(), 6).unwrap().frames, 0);
-        rx.queue.as_mut().unwrap().flush();
+        assert_eq!(rx.receive(&mut port, &shared(), 6).unwrap().frames, 0);
+        rx.queue_mut().unwrap().flush();
         let used = used(&mut s.driver);
         assert_eq!(used.len(), 10);
         assert!(used

@@ -6,43 +6,30 @@
 //! the remote end of a TCP connection behind a TAP would.
 //!
 //! tx writes each frame straight from guest memory (one writev, one message); a frame the
-//! socket cannot take yet (its send buffer is full) stays on the tx ring until the socket is
-//! writable, as with a TAP. Headers are not checked: no kernel builds a packet from them here,
-//! the peer reads them.
+//! socket cannot take yet (its send buffer is full) is pushed back, and waits on the tx ring
+//! until the socket is writable, as with a TAP. Headers are not checked: no kernel builds a
+//! packet from them here, the peer reads them.
 //!
-//! rx reads each message with one readv straight into the guest's buffers once the guest has
-//! posted enough for the largest frame, else into a bounce buffer (`RxPath::receive_direct`,
-//! as the TAP port does); a frame that does not fit the posted buffers waits here until the
-//! guest posts more. A message longer than the largest frame the guest can expect (an MTU's,
-//! or 64 KiB with receive offloads) is dropped and counted: a kernel TAP never hands out
-//! one, and a read cuts a datagram to the buffers it is given, so a longer one must not pass
-//! either whole or cut.
+//! rx reads one message per readv, as the rx path asks. A message longer than the largest frame
+//! the guest can expect (an MTU's, or 64 KiB with receive offloads) is dropped and counted by
+//! the rx path: a kernel TAP never hands out one, and a read cuts a datagram to the buffers it
+//! is given, so a longer one must not pass either whole or cut.
 //!
 //! The socket is held as a `File`, so that its frame I/O makes a TAP's system calls (read,
 //! readv, writev, poll), the ones the workers' seccomp filter allows.
 
 use std::fs::File;
-use std::io::{self, Read};
+use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixDatagram;
-use std::sync::atomic::Ordering::Relaxed;
 
-use vring::{Chain, Error as RingError, GuestMemory, Segment};
+use vring::{Error as RingError, Gather, GuestMemory, Segment};
 
-use super::tap::{max_rx_frame, MAX_RX_FRAME};
-use super::{deliver_bounced, is_pushback, Host, Received, Sent};
-use crate::rx::{Direct, RxPath};
-use crate::shared::Shared;
+use super::{send_each, Port, Sent};
 
 #[derive(Debug)]
 pub struct SocketPort {
     socket: File,
-    /// A message read (its length in `bounce`) that did not fit the posted rx buffers: it
-    /// goes first once the guest posts more.
-    pending: Option<usize>,
-    /// One byte longer than the largest frame, so that a message cut to it is seen to be too
-    /// long.
-    bounce: Vec<u8>,
 }
 
 impl SocketPort {
@@ -53,108 +40,42 @@ impl SocketPort {
         socket.set_nonblocking(true)?;
         Ok(SocketPort {
             socket: File::from(OwnedFd::from(socket)),
-            pending: None,
-            bounce: vec![0u8; MAX_RX_FRAME + 1],
         })
     }
 }
 
-impl Host for SocketPort {
+impl Port for SocketPort {
     /// Asking whether a message waits is a poll(2), as for a TAP.
-    const POLL_EVERY: u32 = 8;
-
-    fn rx_stopped(&mut self) -> bool {
-        self.pending.take().is_some()
+    fn poll_every(&self) -> u32 {
+        8
     }
 
     fn send(
         &mut self,
         mem: &GuestMemory,
-        chain: &Chain,
-        _rx: &mut RxPath,
-        _shared: &Shared,
-    ) -> Result<Sent, RingError> {
-        match mem.writev_to(self.socket.as_fd(), chain.readable()) {
-            Ok(Ok(_)) => Ok(Sent::Taken),
-            Ok(Err(e)) if is_pushback(&e) => Ok(Sent::Busy),
-            // The peer is gone (ECONNREFUSED) or refuses the message (EMSGSIZE).
-            Ok(Err(_)) => Ok(Sent::Dropped),
-            // More segments than one writev takes: dropped whole, never sent cut.
-            Err(RingError::TooManySegments { .. }) => Ok(Sent::Dropped),
-            Err(e) => Err(e),
-        }
+        frames: &[Gather<'_>],
+        sent: &mut Vec<Sent>,
+    ) -> Result<(), RingError> {
+        // The peer gone (ECONNREFUSED) or refusing the message (EMSGSIZE) drops the frame; a
+        // full socket pushes back.
+        send_each(frames, sent, |f| mem.writev_gather(self.socket.as_fd(), f))
     }
 
-    fn receive(
+    fn recv(
         &mut self,
-        rx: &mut RxPath,
-        shared: &Shared,
-        _room: usize,
-    ) -> Result<Received, RingError> {
-        let count_drop = |rx: &RxPath| {
-            if let Some(q) = &rx.queue {
-                q.counters().dropped.add(1);
-            }
-        };
-        let n = match self.pending.take() {
-            Some(n) => n,
-            None => {
-                // Read only when the guest has posted buffers, so messages wait in the socket.
-                if !rx.has_buffers() {
-                    return Ok(Received::default());
-                }
-                let features = rx.queue.as_ref().map(|q| q.features());
-                let max_frame =
-                    max_rx_frame(features.unwrap_or_default(), shared.mtu.load(Relaxed));
-                let socket = &self.socket;
-                let mut too_long = false;
-                let read = |mem: &GuestMemory, segs: &[Segment], tail: &mut [u8]| {
-                    let r = mem.readv_with_tail(socket.as_fd(), segs, tail)?;
-                    Ok(match r {
-                        Ok(n) if n > max_frame => {
-                            too_long = true;
-                            Err(io::ErrorKind::InvalidData.into())
-                        }
-                        r => r,
-                    })
-                };
-                match rx.receive_direct(shared, max_frame, &mut self.bounce, read)? {
-                    Direct::Delivered(n) => return Ok(Received::one(n, rx.hdr_len())),
-                    // Counted by the rx path (filtered, or too long for the guest's buffers).
-                    Direct::Dropped => return Ok(Received::DROPPED),
-                    Direct::Empty if too_long => {
-                        count_drop(rx);
-                        return Ok(Received::DROPPED);
-                    }
-                    Direct::Empty => return Ok(Received::default()),
-                    Direct::NoRoom => {}
-                }
-                let Ok(n) = (&self.socket).read(&mut self.bounce) else {
-                    return Ok(Received::default());
-                };
-                if n > max_frame {
-                    count_drop(rx);
-                    return Ok(Received::DROPPED);
-                }
-                if let Some(q) = &rx.queue {
-                    q.counters().rx_bounced.add(1);
-                }
-                n
-            }
-        };
-        deliver_bounced(rx, shared, &mut self.bounce, n, &mut self.pending)
+        mem: &GuestMemory,
+        segs: &[Segment],
+        tail: &mut [u8],
+    ) -> Result<io::Result<usize>, RingError> {
+        mem.readv_with_tail(self.socket.as_fd(), segs, tail)
+    }
+
+    fn readable(&self) -> bool {
+        virtnet_sys::readable_now(self.socket.as_raw_fd())
     }
 
     fn writable(&self) -> bool {
         virtnet_sys::writable_now(self.socket.as_raw_fd())
-    }
-
-    fn has_frames(&self) -> bool {
-        self.pending.is_some() || virtnet_sys::readable_now(self.socket.as_raw_fd())
-    }
-
-    fn holds_frame(&self) -> bool {
-        self.pending.is_some()
     }
 
     fn fd(&self) -> Option<RawFd> {
@@ -169,7 +90,9 @@ mod tests {
     use vring::Features;
 
     use super::*;
+    use crate::host::MAX_RX_FRAME;
     use crate::queue::QueueId;
+    use crate::rx::{Received, RxPath};
     use crate::testing::{post_rx, setup, shared, used};
 
     fn port() -> (SocketPort, UnixDatagram) {
@@ -188,7 +111,7 @@ mod tests {
         let (a, _b) = UnixDatagram::pair().unwrap();
         let config = crate::BackendConfig {
             pairs: 2,
-            io: crate::IoMode::Socket(crate::shared::HostSockets::new(vec![a])),
+            io: crate::IoMode::Socket(crate::config::HostSockets::new(vec![a])),
             ..Default::default()
         };
         let e = crate::Device::new(config).unwrap_err();
@@ -203,24 +126,26 @@ mod tests {
         let frame: Vec<u8> = (0..1512u32).map(|i| i as u8).collect();
         s.mem.write(Pair::buf(0, 0).addr, &frame[..12]).unwrap();
         s.mem.write(Pair::buf(1, 0).addr, &frame[12..]).unwrap();
-        let mut rx = RxPath::default();
-        let sh = shared();
         let mut sent = 0;
         let busy = loop {
             s.driver
                 .add(&[Pair::buf(0, 12), Pair::buf(1, 1500)], &[], 0)
                 .unwrap();
             let c = s.runtime.engine().pop().unwrap().unwrap();
-            match port.send(s.runtime.memory(), &c, &mut rx, &sh) {
-                Ok(Sent::Taken) => sent += 1,
-                other => break other,
+            let mut out = Vec::new();
+            let frame = [Gather::from(c.readable())];
+            port.send(s.runtime.memory(), &frame, &mut out).unwrap();
+            match out[..] {
+                [Sent::Taken] => sent += 1,
+                [other] => break other,
+                _ => panic!("{out:?}"),
             }
             s.runtime.add_used(c.head(), 0).unwrap();
             s.runtime.flush();
             used(&mut s.driver);
             assert!(sent < 10_000, "the socket never filled");
         };
-        assert_eq!(busy, Ok(Sent::Busy));
+        assert_eq!(busy, Sent::Busy);
         assert!(!port.writable());
         let mut buf = vec![0u8; 4096];
         for _ in 0..sent {
@@ -238,22 +163,22 @@ mod tests {
         post_rx(&mut s.driver, 4, 2048);
         let mut rx = RxPath::with_queue(s.runtime);
         let sh = shared();
-        assert!(!port.has_frames());
-        assert_eq!(port.receive(&mut rx, &sh, 64).unwrap(), Received::default());
+        assert!(!port.readable());
+        assert_eq!(rx.receive(&mut port, &sh, 64).unwrap(), Received::default());
         let mut msg = vec![0u8; vnet::HDR_LEN];
         msg.extend((0..64u8).map(|i| i ^ 0x5a));
         peer.send(&msg).unwrap();
-        assert!(port.has_frames());
-        let got = port.receive(&mut rx, &sh, 64).unwrap();
+        assert!(port.readable());
+        let got = rx.receive(&mut port, &sh, 64).unwrap();
         assert_eq!((got.frames, got.bytes, got.dropped), (1, 64, 0));
-        rx.queue.as_mut().unwrap().flush();
+        rx.queue_mut().unwrap().flush();
         assert_eq!(used(&mut s.driver), [(0, msg.len() as u32)]);
         let mut back = vec![0u8; msg.len()];
         s.mem.read(Pair::buf(0, 0).addr, &mut back).unwrap();
         assert_eq!(back[vnet::HDR_LEN..], msg[vnet::HDR_LEN..]);
         // num_buffers, which the sender leaves to the device.
         assert_eq!(u16::from_le_bytes([back[10], back[11]]), 1);
-        assert!(!port.has_frames());
+        assert!(!port.readable());
     }
 
     #[test]
@@ -272,17 +197,17 @@ mod tests {
         small.extend([0xffu8; 60]);
         peer.send(&small).unwrap();
         for dropped in 1..=2 {
-            let got = port.receive(&mut rx, &sh, 64).unwrap();
+            let got = rx.receive(&mut port, &sh, 64).unwrap();
             assert_eq!((got.frames, got.dropped), (0, 1));
             assert_eq!(counters.dropped.get(), dropped);
         }
-        let got = port.receive(&mut rx, &sh, 64).unwrap();
+        let got = rx.receive(&mut port, &sh, 64).unwrap();
         assert_eq!(
             (got.frames, got.bytes),
             (1, 60),
             "the next message is whole"
         );
-        rx.queue.as_mut().unwrap().flush();
+        rx.queue_mut().unwrap().flush();
         assert_eq!(used(&mut s.driver), [(0, small.len() as u32)]);
     }
 }

@@ -6,16 +6,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::Worker;
-use crate::host::Host;
 use crate::metrics::{PollExit, QueueCounters};
 use crate::poll::{BusyPoll, Check};
 use crate::siblings::Sibling;
 
-impl<H: Host> Worker<H> {
+impl Worker {
     /// How long to poll now, in microseconds, by the first usable queue's setting; None:
     /// do not poll.
     pub(super) fn poll_budget(&mut self) -> Option<(u32, Arc<QueueCounters>)> {
-        let q = [self.tx.as_ref(), self.rx.queue.as_ref()]
+        let q = [self.tx.queue(), self.rx.queue()]
             .into_iter()
             .flatten()
             .find(|q| q.usable())?;
@@ -51,7 +50,8 @@ impl<H: Host> Worker<H> {
         self.disarm_notifications();
         let deadline = Instant::now() + Duration::from_micros(us as u64);
         let switches = virtnet_sys::involuntary_switches();
-        let poll_rx = self.shared.config.poll_rx_from_tx;
+        let poll_rx = self.shared.config().poll_rx_from_tx;
+        let every_n = self.port.poll_every();
         let mut spins = 0u32;
         let exit = loop {
             if self.inbox.pending() {
@@ -61,13 +61,11 @@ impl<H: Host> Worker<H> {
                     PollExit::OtherWork
                 };
             }
-            // A loopback's tx is work only when rx can take it: else polling tx would find
-            // the same frame there on every spin and never sleep.
-            if self.tx_pending() && (!H::LOOPBACK || self.rx_can_take()) {
+            if self.tx.pending() {
                 break PollExit::Hit;
             }
-            let every = spins.is_multiple_of(H::POLL_EVERY);
-            if self.tx_waits_host && every && self.host.writable() {
+            let every = spins.is_multiple_of(every_n);
+            if self.tx.waits_port() && every && self.port.writable() {
                 break PollExit::Hit;
             }
             // Poll the host side for rx while waiting on tx, when the guest has posted
@@ -75,7 +73,7 @@ impl<H: Host> Worker<H> {
             let host_ready = poll_rx
                 && self.active()
                 && !self.rx.still_blocked()
-                && (self.host.holds_frame() || (every && self.host.has_frames()));
+                && (self.rx.holds_frame() || (every && self.port.readable()));
             if host_ready && self.rx.has_buffers() {
                 break PollExit::Hit;
             }

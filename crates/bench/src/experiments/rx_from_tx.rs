@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Serialize;
-use virtnet_backend::shared::HostSockets;
+use virtnet_backend::config::HostSockets;
 use virtnet_backend::{BackendConfig, BusyPoll, IoMode};
 use virtnet_driver::gen::window::Acker;
 use virtnet_driver::gen::{GenReport, Mode};

@@ -1,0 +1,356 @@
+//! Guest transmit (VIRTIO 1.2 5.1.6.2): taking the frames the guest made available on its tx
+//! queue and passing them to the host port, up to the turn's weight.
+//!
+//! [`TxPath`] owns a pair's tx queue and the tx policy, the same for every port: a port whose
+//! host builds packets from the virtio-net header (a TAP's kernel) gets each header copied out
+//! of guest memory once and checked ([`check_header`]), then that copy and the frame after it,
+//! never the guest's header read again; a header a driver must not send is refused before the
+//! port, counted by reason. A frame the port pushes back stays on the ring, with the frames
+//! after it, and tx waits until the port is writable.
+
+use vnet::{NetHdr, TxHdrError};
+use vring::{Chain, Error as RingError, Features, Gather, GuestMemory, Reader, Tail};
+
+use super::host::{Port, Sent};
+use super::queue::{break_queue, notify, QueueRuntime};
+use super::turn::Turn;
+
+/// Frames handed to a port at once, at most (its `tx_batch`, up to this).
+const MAX_BATCH: usize = vring::memory::MAX_URING_BATCH;
+
+/// A tx frame's virtio-net header, copied out of guest memory once and checked: the bytes the
+/// port gets (never the guest's, read again).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TxHead {
+    bytes: [u8; vnet::HDR_LEN],
+    len: u8,
+}
+
+impl TxHead {
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.bytes[..self.len as usize]
+    }
+}
+
+/// What [`check_header`] found: the checked header and the frame after it, or why the header
+/// must not reach the port.
+pub type Checked<'c> = Result<(TxHead, Tail<'c>), TxHdrError>;
+
+/// Copies the virtio-net header at the start of `chain`'s readable part and checks the copy
+/// against the negotiated `features` and the frame after it. The outer error is a ring error
+/// (a segment outside memory breaks the queue); the inner one, a header the port must not get.
+pub fn check_header<'c>(
+    mem: &GuestMemory,
+    chain: &'c Chain,
+    features: Features,
+) -> Result<Checked<'c>, RingError> {
+    let hdr_len = vnet::hdr_len(features);
+    let total = chain.readable_len() as usize;
+    if total < hdr_len {
+        return Ok(Err(TxHdrError::Short));
+    }
+    let mut head = TxHead {
+        len: hdr_len as u8,
+        ..TxHead::default()
+    };
+    let mut r = Reader::new(mem, chain.readable());
+    r.read_exact(&mut head.bytes[..hdr_len])?;
+    Ok(NetHdr::from_bytes(&head.bytes)
+        .check_tx(features, total - hdr_len)
+        .map(|()| (head, r.tail())))
+}
+
+/// The tx queue of one pair and whether it waits for its port.
+#[derive(Debug, Default)]
+pub struct TxPath {
+    queue: Option<QueueRuntime>,
+    /// The port pushed back ([`Sent::Busy`]): the frame stays on the tx ring, and tx does not
+    /// run (nor take kicks) until the port is writable.
+    waits_port: bool,
+    /// The frames of one batch and what became of each, kept for their allocations.
+    chains: Vec<Chain>,
+    sent: Vec<Sent>,
+}
+
+impl TxPath {
+    /// The tx queue, if one runs.
+    pub fn queue(&self) -> Option<&QueueRuntime> {
+        self.queue.as_ref()
+    }
+
+    pub fn queue_mut(&mut self) -> Option<&mut QueueRuntime> {
+        self.queue.as_mut()
+    }
+
+    /// Takes over `q`, a queue the frontend (re)started; returns the one it replaces.
+    pub fn start(&mut self, q: QueueRuntime) -> Option<QueueRuntime> {
+        self.waits_port = false;
+        self.queue.replace(q)
+    }
+
+    /// Gives back the tx queue, stopped.
+    pub fn stop(&mut self) -> Option<QueueRuntime> {
+        // The longest chains the guest sent stay allocated in them.
+        self.chains = Vec::new();
+        self.waits_port = false;
+        self.queue.take()
+    }
+
+    /// Whether tx waits for the port to take frames again.
+    pub fn waits_port(&self) -> bool {
+        self.waits_port
+    }
+
+    /// Whether the tx ring has frames the port can take now; false on a queue that is not
+    /// usable (a ring error breaks it).
+    pub fn pending(&mut self) -> bool {
+        !self.waits_port && self.queue.as_mut().is_some_and(QueueRuntime::avail_pending)
+    }
+
+    /// Passes the guest's tx frames to `port`, up to the weight: pop, check, send, complete.
+    pub fn turn(&mut self, port: &mut dyn Port) -> Turn {
+        let mut turn = Turn::default();
+        let Some(tx) = self.queue.as_mut().filter(|q| q.usable()) else {
+            // Broken while it waited (a call write interrupted, its memory faulted): it waits
+            // for nothing now, and a writable port, still watched, would wake the worker for
+            // ever.
+            self.waits_port = false;
+            return turn;
+        };
+        if self.waits_port {
+            if !port.writable() {
+                return turn;
+            }
+            self.waits_port = false;
+        }
+        let features = tx.features();
+        let hdr_len = vnet::hdr_len(features);
+        let checks = port.checks_tx_headers();
+        let batch = port.tx_batch().clamp(1, MAX_BATCH);
+        if self.chains.len() < batch {
+            self.chains.resize_with(batch, Chain::new);
+        }
+        let mut bytes = 0u64;
+        let result: Result<(), RingError> = 'turn: loop {
+            if turn.at_weight(bytes, tx) {
+                break Ok(());
+            }
+            let want = batch.min(super::turn::WEIGHT_PACKETS - turn.frames);
+            let mut popped = 0;
+            let mut pop_error = None;
+            while popped < want {
+                match tx.pop_into(&mut self.chains[popped]) {
+                    Ok(true) => popped += 1,
+                    Ok(false) => break,
+                    Err(e) => {
+                        pop_error = Some(e);
+                        break;
+                    }
+                }
+            }
+            if popped == 0 {
+                break pop_error.map_or(Ok(()), Err);
+            }
+            let chains = &self.chains[..popped];
+            // The frames to send: up to the first whose header is refused (it goes after
+            // them, counted) or cannot be read (the error, after them).
+            let mut stop: Option<Result<TxHdrError, RingError>> = None;
+            let cut;
+            self.sent.clear();
+            let sent = {
+                // No Arc clone of the memory: its locked refcount update per batch would wait
+                // for the stores to shared memory before it to drain.
+                let mem: &GuestMemory = tx.memory();
+                let mut heads = [TxHead::default(); MAX_BATCH];
+                let mut bodies = [Tail::default(); MAX_BATCH];
+                let mut n = popped;
+                for (k, c) in chains.iter().enumerate() {
+                    if !checks {
+                        bodies[k] = Tail::new(c.readable());
+                        continue;
+                    }
+                    match check_header(mem, c, features) {
+                        Ok(Ok((head, body))) => (heads[k], bodies[k]) = (head, body),
+                        Ok(Err(why)) => {
+                            (n, stop) = (k, Some(Ok(why)));
+                            break;
+                        }
+                        Err(e) => {
+                            (n, stop) = (k, Some(Err(e)));
+                            break;
+                        }
+                    }
+                }
+                cut = n;
+                let frames: [Gather<'_>; MAX_BATCH] =
+                    std::array::from_fn(|k| Gather::new(heads[k].as_bytes(), bodies[k]));
+                if cut > 0 {
+                    if batch > 1 {
+                        tx.counters().host_batches.add(1);
+                    }
+                    port.send(mem, &frames[..cut], &mut self.sent)
+                } else {
+                    Ok(())
+                }
+            };
+            for (i, (chain, s)) in chains.iter().zip(&self.sent).enumerate() {
+                match *s {
+                    Sent::Taken => {}
+                    Sent::Dropped => tx.counters().dropped.add(1),
+                    Sent::Refused(why) => {
+                        tx.counters().dropped.add(1);
+                        tx.counters().hdr_refused(&why);
+                    }
+                    Sent::Busy => {
+                        // Not now: this frame and the ones after it stay on tx until the port
+                        // is writable.
+                        tx.undo_pop((popped - i) as u16);
+                        tx.counters().host_pushback.add(1);
+                        self.waits_port = true;
+                        break 'turn Ok(());
+                    }
+                }
+                if let Err(e) = tx.add_used(chain.head(), 0) {
+                    break 'turn Err(e);
+                }
+                turn.frames += 1;
+                bytes += chain.readable_len().saturating_sub(hdr_len as u64);
+            }
+            // The port's error is about the frame after those it reported.
+            if let Err(e) = sent {
+                break Err(e);
+            }
+            let tried = self.sent.len().min(cut);
+            if tried == cut {
+                match stop {
+                    // Refused: consumed after the frames before it, counted by reason.
+                    Some(Ok(why)) => {
+                        tx.counters().dropped.add(1);
+                        tx.counters().hdr_refused(&why);
+                        if let Err(e) = tx.add_used(chains[cut].head(), 0) {
+                            break 'turn Err(e);
+                        }
+                        turn.frames += 1;
+                        tx.undo_pop((popped - cut - 1) as u16);
+                        continue;
+                    }
+                    Some(Err(e)) => break Err(e),
+                    None => {}
+                }
+            }
+            if let Some(e) = pop_error {
+                break Err(e);
+            }
+            if tried < popped {
+                // Frames the port did not try (and those after a refusal) stay on the ring
+                // for the next round.
+                tx.undo_pop((popped - tried) as u16);
+                if tried == 0 {
+                    // The port took none (its ring failed, say): try again next turn rather
+                    // than spin here.
+                    break Ok(());
+                }
+            }
+        };
+        let c = tx.counters();
+        c.packets.add(turn.frames as u64);
+        c.bytes.add(bytes);
+        match result {
+            Ok(()) => {
+                if turn.frames > 0 {
+                    notify(tx);
+                }
+            }
+            Err(e) => break_queue(tx, &e.into()),
+        }
+        turn
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use testkit::Pair;
+    use vnet::{feature, HDR_F_NEEDS_CSUM};
+    use vring::Buf;
+
+    use super::*;
+    use crate::queue::QueueId;
+    use crate::testing::setup;
+
+    /// A tx chain: `hdr` then a `payload`-byte frame, the header split across two buffers.
+    fn chain(hdr: NetHdr, payload: u32) -> (Chain, crate::testing::Setup) {
+        let mut s = setup(QueueId::Tx(0), Features::VERSION_1);
+        let bytes = hdr.to_bytes();
+        s.mem.write(Pair::buf(0, 0).addr, &bytes[..4]).unwrap();
+        s.mem.write(Pair::buf(1, 0).addr, &bytes[4..]).unwrap();
+        let bufs = [
+            Pair::buf(0, 4),
+            Pair::buf(1, vnet::HDR_LEN as u32 - 4),
+            Pair::buf(2, payload),
+        ];
+        s.driver.add(&bufs, &[], 0).unwrap();
+        let c = s.runtime.engine().pop().unwrap().unwrap();
+        (c, s)
+    }
+
+    #[test]
+    fn a_tx_header_split_across_buffers_is_read_whole_and_checked() {
+        let csum = NetHdr {
+            flags: HDR_F_NEEDS_CSUM,
+            csum_start: 14,
+            csum_offset: 6,
+            ..NetHdr::default()
+        };
+        let with_csum = Features::VERSION_1 | feature::CSUM;
+        let (c, s) = chain(csum, 60);
+        let mem = s.runtime.memory();
+        let Ok(Ok((head, body))) = check_header(mem, &c, with_csum) else {
+            panic!("refused");
+        };
+        assert_eq!(head.as_bytes(), &csum.to_bytes()[..]);
+        assert_eq!(body.len(), 60, "the frame after the header");
+        // Without CSUM negotiated, or with the checksum past the frame: refused.
+        assert!(matches!(
+            check_header(mem, &c, Features::VERSION_1),
+            Ok(Err(TxHdrError::NotNegotiated))
+        ));
+        let (c, s) = chain(csum, 21);
+        let mem = s.runtime.memory();
+        assert!(matches!(
+            check_header(mem, &c, with_csum),
+            Ok(Err(TxHdrError::Csum { .. }))
+        ));
+    }
+
+    #[test]
+    fn a_tx_chain_shorter_than_its_header_is_refused() {
+        let mut s = setup(QueueId::Tx(0), Features::VERSION_1);
+        s.driver
+            .add(&[Buf::new(Pair::buf(0, 0).addr, 8)], &[], 0)
+            .unwrap();
+        let c = s.runtime.engine().pop().unwrap().unwrap();
+        let got = check_header(s.runtime.memory(), &c, Features::VERSION_1);
+        assert!(matches!(got, Ok(Err(TxHdrError::Short))));
+    }
+
+    /// A frame the TAP can never take for want of memory (Linux allocates a linear
+    /// skb for it: ENOBUFS above about 4 MiB, every time) must not reach it.
+    #[test]
+    fn a_tx_frame_of_megabytes_is_refused() {
+        let mut s = setup(QueueId::Tx(0), Features::VERSION_1);
+        s.mem
+            .write(Pair::buf(0, 0).addr, &[0u8; vnet::HDR_LEN])
+            .unwrap();
+        // 12-byte header, then 8 x 1 MiB segments over the same guest pages: 8 MiB.
+        let mut bufs = vec![Pair::buf(0, vnet::HDR_LEN as u32)];
+        bufs.extend((0..8).map(|_| Buf::new(Pair::buf(1, 0).addr, 1 << 20)));
+        s.driver.add(&bufs, &[], 0).unwrap();
+        let c = s.runtime.engine().pop().unwrap().unwrap();
+        assert_eq!(c.readable_len(), (vnet::HDR_LEN + (8 << 20)) as u64);
+        let got = check_header(s.runtime.memory(), &c, Features::VERSION_1);
+        assert!(matches!(
+            got,
+            Ok(Err(TxHdrError::TooLong { len: 0x80_0000 }))
+        ));
+    }
+}
