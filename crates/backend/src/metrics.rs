@@ -46,9 +46,9 @@ vnet::counters! {
         /// (`dropped`), and rx receives none. The queues are not broken: the guest did nothing
         /// wrong, and what it needs is another port, which only the operator can give.
         host_errors,
-        /// tx: bursts of frames handed to the host port in one system call (`--tap-io
-        /// uring`: one io_uring_enter each), so that packets / host_batches is the frames per
-        /// call. 0 when the port writes frame by frame.
+        /// tx: bursts of frames handed to the host port at once (`--tap-io uring`: one
+        /// io_uring_enter each; the null port: each burst it drops), so that packets /
+        /// host_batches is the frames per burst. 0 when the port takes frames one at a time.
         host_batches,
         /// rx frames read through the host port's own buffer and copied, because the guest
         /// had not posted buffers for the largest frame (the others go straight into guest

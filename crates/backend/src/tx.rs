@@ -60,6 +60,61 @@ pub fn check_header<'c>(
         .map(|()| (head, r.tail())))
 }
 
+/// Why the frames of a batch were sent only up to one: its header refused (it goes after
+/// them, counted), or unreadable (the ring error, after them).
+type Stop = Option<Result<TxHdrError, RingError>>;
+
+/// One batch of frames going to a port: each header checked (if the port's host trusts
+/// it), then the frames up to the first refused one sent.
+struct Send<'p, 'm> {
+    port: &'p mut dyn Port,
+    mem: &'m GuestMemory,
+    features: Features,
+    checks: bool,
+}
+
+impl Send<'_, '_> {
+    /// Sends the frames of `chains` (at most `N`) up to the first whose header is refused or
+    /// unreadable; returns how many were offered, why it stopped there, and the port's result
+    /// (the outcomes in `sent`).
+    fn run<const N: usize>(
+        self,
+        chains: &[Chain],
+        sent: &mut Vec<Sent>,
+    ) -> (usize, Stop, Result<(), RingError>) {
+        let mut heads = [TxHead::default(); N];
+        let mut bodies = [Tail::default(); N];
+        let chains = &chains[..chains.len().min(N)];
+        let mut cut = chains.len();
+        let mut stop = None;
+        for (k, c) in chains.iter().enumerate() {
+            if !self.checks {
+                bodies[k] = Tail::new(c.readable());
+                continue;
+            }
+            match check_header(self.mem, c, self.features) {
+                Ok(Ok((head, body))) => (heads[k], bodies[k]) = (head, body),
+                Ok(Err(why)) => {
+                    (cut, stop) = (k, Some(Ok(why)));
+                    break;
+                }
+                Err(e) => {
+                    (cut, stop) = (k, Some(Err(e)));
+                    break;
+                }
+            }
+        }
+        let frames: [Gather<'_>; N] =
+            std::array::from_fn(|k| Gather::new(heads[k].as_bytes(), bodies[k]));
+        let result = if cut > 0 {
+            self.port.send(self.mem, &frames[..cut], sent)
+        } else {
+            Ok(())
+        };
+        (cut, stop, result)
+    }
+}
+
 /// The tx queue of one pair and whether it waits for its port.
 #[derive(Debug, Default)]
 pub struct TxPath {
@@ -152,47 +207,28 @@ impl TxPath {
                 break pop_error.map_or(Ok(()), Err);
             }
             let chains = &self.chains[..popped];
-            // The frames to send: up to the first whose header is refused (it goes after
-            // them, counted) or cannot be read (the error, after them).
-            let mut stop: Option<Result<TxHdrError, RingError>> = None;
-            let cut;
             self.sent.clear();
-            let sent = {
+            let (cut, stop, sent) = {
                 // No Arc clone of the memory: its locked refcount update per batch would wait
                 // for the stores to shared memory before it to drain.
                 let mem: &GuestMemory = tx.memory();
-                let mut heads = [TxHead::default(); MAX_BATCH];
-                let mut bodies = [Tail::default(); MAX_BATCH];
-                let mut n = popped;
-                for (k, c) in chains.iter().enumerate() {
-                    if !checks {
-                        bodies[k] = Tail::new(c.readable());
-                        continue;
-                    }
-                    match check_header(mem, c, features) {
-                        Ok(Ok((head, body))) => (heads[k], bodies[k]) = (head, body),
-                        Ok(Err(why)) => {
-                            (n, stop) = (k, Some(Ok(why)));
-                            break;
-                        }
-                        Err(e) => {
-                            (n, stop) = (k, Some(Err(e)));
-                            break;
-                        }
-                    }
-                }
-                cut = n;
-                let frames: [Gather<'_>; MAX_BATCH] =
-                    std::array::from_fn(|k| Gather::new(heads[k].as_bytes(), bodies[k]));
-                if cut > 0 {
-                    if batch > 1 {
-                        tx.counters().host_batches.add(1);
-                    }
-                    port.send(mem, &frames[..cut], &mut self.sent)
+                let send = Send {
+                    port: &mut *port,
+                    mem,
+                    features,
+                    checks,
+                };
+                // The frames' arrays sized for the batch: a port that takes one frame at a
+                // time would otherwise build 64 of each per frame.
+                if batch == 1 {
+                    send.run::<1>(chains, &mut self.sent)
                 } else {
-                    Ok(())
+                    send.run::<MAX_BATCH>(chains, &mut self.sent)
                 }
             };
+            if cut > 0 && batch > 1 {
+                tx.counters().host_batches.add(1);
+            }
             for (i, (chain, s)) in chains.iter().zip(&self.sent).enumerate() {
                 match *s {
                     Sent::Taken => {}

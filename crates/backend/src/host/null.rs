@@ -49,6 +49,12 @@ impl NullPort {
 }
 
 impl Port for NullPort {
+    /// Bursts: dropping a frame costs nothing, and the tx path's work per call is then spread
+    /// over many frames.
+    fn tx_batch(&self) -> usize {
+        vring::memory::MAX_URING_BATCH
+    }
+
     /// Guest tx is dropped unread.
     fn send(
         &mut self,
@@ -56,7 +62,7 @@ impl Port for NullPort {
         frames: &[Gather<'_>],
         sent: &mut Vec<Sent>,
     ) -> Result<(), RingError> {
-        sent.extend(frames.iter().map(|_| Sent::Taken));
+        sent.resize(sent.len() + frames.len(), Sent::Taken);
         Ok(())
     }
 
