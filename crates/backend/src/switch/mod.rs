@@ -10,7 +10,9 @@
 //!   security), learning, known unicast, flooding, hairpin, receive filters;
 //! - [`filter`]: a port's receive filter, as its driver sets it on the control queue;
 //! - [`mac`], [`port`]: MAC addresses; port numbers and sets of them; [`tick`]: the time
-//!   the callers pass in; [`error`]: refused configurations.
+//!   the callers pass in; [`error`]: refused configurations;
+//! - `model` (for tests, and the `fdb` fuzz target with the `fuzzing` feature): a reference
+//!   model of the FDB and the decision that they are checked against.
 //!
 //! A worker's batch, from one port:
 //!
@@ -44,6 +46,8 @@ pub mod fdb;
 pub mod filter;
 pub mod forward;
 pub mod mac;
+#[cfg(any(test, feature = "fuzzing"))]
+pub mod model;
 pub mod port;
 mod table;
 pub mod tick;
