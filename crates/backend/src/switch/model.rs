@@ -443,8 +443,23 @@ fn check(step: usize, op: &Op, real: &Real, model: &Model) {
     }
 }
 
+/// What a run did, for seeds and tests to check that it meant what they say.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Outcome {
+    /// Every decision's verdict, in order.
+    pub verdicts: Vec<Verdict>,
+    /// What each learning did: `Learn` operations' and decisions' (after them), in order.
+    pub learned: Vec<Learned>,
+    /// Each `AddPort`'s result.
+    pub added: Vec<Result<(), SwitchError>>,
+    /// The FDB's counters and entries at the end.
+    pub counters: FdbCountersSnapshot,
+    pub entries: usize,
+}
+
 /// Runs `ops` on the switch and on the model; panics at the first difference.
-pub fn run(ops: &[Op]) {
+pub fn run(ops: &[Op]) -> Outcome {
+    let mut outcome = Outcome::default();
     let config = FdbConfig {
         capacity: CAPACITY,
         age: Duration::from_millis(AGE_MS),
@@ -481,6 +496,7 @@ pub fn run(ops: &[Op]) {
                 let got = ports.add(fdb, port(*n), config, now);
                 let want = model.add_port(port(*n), config);
                 assert_eq!(got, want, "step {step}, {op:?}");
+                outcome.added.push(got);
             }
             Op::RemovePort { port: n } => {
                 let got = ports.remove(fdb, port(*n));
@@ -499,6 +515,7 @@ pub fn run(ops: &[Op]) {
                 let got = fdb.learn(req, now);
                 let want = model.learn(mac(*m), port(*n), *announce, true);
                 assert_eq!(Some(got), want, "step {step}, {op:?}");
+                outcome.learned.push(got);
             }
             Op::Lookup { mac: m } => {
                 let got = fdb.read().lookup(mac(*m));
@@ -532,15 +549,20 @@ pub fn run(ops: &[Op]) {
                 let got = decide(ports, &fdb.read(), port(*n), frame, now);
                 let want = model.decide(port(*n), frame);
                 assert_eq!(got, want, "step {step}, {op:?}");
+                outcome.verdicts.push(got.verdict);
                 if let Some(l) = got.learn {
                     let learned = fdb.learn(l, now);
                     let want = model.learn(l.mac, l.port, l.announce, true);
                     assert_eq!(Some(learned), want, "step {step}, {op:?}: learning");
+                    outcome.learned.push(learned);
                 }
             }
         }
         check(step, op, &real, &model);
     }
+    outcome.counters = model.counters;
+    outcome.entries = model.entries.len();
+    outcome
 }
 
 #[cfg(test)]
@@ -640,7 +662,7 @@ mod tests {
             src,
             announce: false,
         };
-        run(&[
+        let out = run(&[
             add(0, 0, 0, 4),
             add(1, 1, unicast(1), 0),
             add(2, 2, unicast(2), 2),
@@ -654,5 +676,21 @@ mod tests {
             Op::RemovePort { port: 2 },
             frame(1, unicast(2), unicast(1)),
         ]);
+        let to = |ports: &[u8]| Verdict::Forward(ports.iter().map(|n| port(*n)).collect());
+        assert_eq!(out.added, [Ok(()), Ok(()), Ok(())]);
+        assert_eq!(
+            out.verdicts,
+            [to(&[0, 2]), to(&[1]), to(&[0]), to(&[0, 1]), to(&[0]),]
+        );
+        assert_eq!(
+            out.learned,
+            [Learned::New, Learned::New, Learned::Moved { from: port(0) }]
+        );
+        // Both learned MACs aged; port 2's own MAC went with it.
+        assert_eq!(
+            (out.counters.learned, out.counters.moved, out.counters.aged),
+            (2, 1, 2)
+        );
+        assert_eq!(out.entries, 1);
     }
 }
