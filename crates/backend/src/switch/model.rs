@@ -59,7 +59,8 @@ fn port(n: u8) -> PortId {
 }
 
 /// A receive filter. `flags` bits: 0 PROMISC, 1 ALLMULTI, 2 ALLUNI, 3 NOMULTI, 4 NOUNI,
-/// 5 NOBCAST; 6 and 7 make the unicast and the multicast list overflow. MACs by number.
+/// 5 NOBCAST; 6 and 7 make the unicast and the multicast list overflow (as a list longer than
+/// `MAC_LIST_MAX` does). MACs by number.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Filter {
     pub flags: u8,
@@ -95,9 +96,12 @@ impl Filter {
         f
     }
 
-    /// The model's filter, from the spec's words (VIRTIO 1.2 5.1.6.5.1, 5.1.6.5.2).
+    /// The model's filter, from the spec's words (VIRTIO 1.2 5.1.6.5.1, 5.1.6.5.2), and
+    /// QEMU's for a list longer than its table: every address of that kind.
     fn accepts(&self, dst: Mac) -> bool {
-        let listed = |l: &[u8]| l.iter().any(|i| mac(*i) == dst);
+        let listed = |l: &[u8], overflow_bit| {
+            self.flag(overflow_bit) || l.len() > MAC_LIST_MAX || l.iter().any(|i| mac(*i) == dst)
+        };
         if self.flag(0) {
             return true;
         }
@@ -105,13 +109,10 @@ impl Filter {
             return !self.flag(5);
         }
         if dst.bytes()[0] & 1 == 1 {
-            return !self.flag(3) && (self.flag(1) || self.flag(7) || listed(&self.multicast));
+            return !self.flag(3) && (self.flag(1) || listed(&self.multicast, 7));
         }
         !self.flag(4)
-            && (self.flag(2)
-                || self.flag(6)
-                || self.mac.map(mac) == Some(dst)
-                || listed(&self.unicast))
+            && (self.flag(2) || self.mac.map(mac) == Some(dst) || listed(&self.unicast, 6))
     }
 }
 
@@ -594,7 +595,13 @@ mod tests {
     }
 
     fn filter() -> impl Strategy<Value = Filter> {
-        let list = || proptest::collection::vec(mac_number(), 0..4);
+        // Sometimes around MAC_LIST_MAX, where a list overflows.
+        let list = || {
+            prop_oneof![
+                4 => proptest::collection::vec(mac_number(), 0..4),
+                1 => proptest::collection::vec(mac_number(), MAC_LIST_MAX - 1..MAC_LIST_MAX + 2),
+            ]
+        };
         (
             any::<u8>(),
             proptest::option::of(mac_number()),
@@ -645,6 +652,45 @@ mod tests {
         fn the_switch_follows_the_model(ops in proptest::collection::vec(op(), 1..120)) {
             run(&ops);
         }
+    }
+
+    /// Found by the `fdb` fuzz target (corpus/fdb/regression-mac_list_overflow): the model
+    /// let a unicast list overflow only through its flag bit, not by its length, as
+    /// `RxFilter` does (65 addresses, one more than it keeps).
+    #[test]
+    fn regression_a_unicast_list_longer_than_the_table_accepts_every_unicast() {
+        let unicast = [vec![219; 33], vec![255; 31], vec![12]].concat();
+        assert_eq!(unicast.len(), MAC_LIST_MAX + 1);
+        let out = run(&[
+            Op::AddPort {
+                port: 2,
+                address: 1,
+                mac: 12,
+                learn_limit: 0,
+            },
+            Op::SetFilter {
+                port: 2,
+                filter: Filter {
+                    flags: 2,
+                    mac: Some(219),
+                    unicast,
+                    multicast: vec![],
+                },
+            },
+            Op::AddPort {
+                port: 0,
+                address: 2,
+                mac: 20,
+                learn_limit: 0,
+            },
+            Op::Decide {
+                port: 0,
+                dst: 21,
+                src: 20,
+                announce: false,
+            },
+        ]);
+        assert_eq!(out.verdicts, [Verdict::Forward(PortSet::one(port(2)))]);
     }
 
     #[test]
