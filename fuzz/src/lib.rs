@@ -14,6 +14,7 @@ pub mod ctrl;
 pub mod device;
 pub mod driver;
 pub mod encode;
+pub mod fdb;
 pub mod mem;
 pub mod rings;
 pub mod vhost_user;

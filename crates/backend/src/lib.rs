@@ -51,6 +51,7 @@ pub mod session;
 pub mod shared;
 pub mod siblings;
 pub mod status;
+pub mod switch;
 #[cfg(test)]
 mod testing;
 pub mod thread;

@@ -4,12 +4,14 @@
 //! seeds and whatever else was added by hand (minimised crashes), is replayed too.
 //!
 //! One file per target, named after its harness: [`device`] (`device_queue`), [`driver`]
-//! (`driver_queue`), [`ctrl`] (`ctrl_queue`) and [`vhost_user`] (`vhost_user`). This file
+//! (`driver_queue`), [`ctrl`] (`ctrl_queue`), [`vhost_user`] (`vhost_user`) and [`fdb`]
+//! (`fdb`). This file
 //! writes and replays the corpus directories, and checks that every input variant encodes.
 
 mod ctrl;
 mod device;
 mod driver;
+mod fdb;
 mod vhost_user;
 
 use std::path::{Path, PathBuf};
