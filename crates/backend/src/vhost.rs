@@ -22,15 +22,16 @@ use vhost::vhost_user::{
 };
 use vhost::VhostUserMemoryRegionBase;
 use vnet::feature;
-use vring::memory::{RegionSource, MAX_REGIONS};
-use vring::{
-    DeviceQueue, DirtyLog, Features, GuestAddress, GuestMemory, QueueConfig, RingAddresses,
-    RingPosition,
-};
+use vring::memory::MAX_REGIONS;
+use vring::{Features, GuestMemory, RingPosition};
 
 use super::device::Device;
 use super::error::Error;
-use super::queue::{QueueId, QueueRuntime};
+use super::queue::QueueId;
+
+mod memory;
+mod queues;
+use memory::SharedLog;
 use virtnet_sys::PeerEventFd;
 use vnet::{NetConfig, NET_S_LINK_UP};
 
@@ -76,13 +77,6 @@ pub struct Connection {
     pub enable_before_features: bool,
 }
 
-/// A dirty log, and what identifies it: its file (device and inode), size and offset.
-#[derive(Debug)]
-struct SharedLog {
-    log: Arc<DirtyLog>,
-    id: (u64, u64, u64, u64),
-}
-
 /// VHOST_F_LOG_ALL: log every write to guest memory (vhost-user spec, "Migration").
 pub const LOG_ALL: Features = Features(VhostUserVirtioFeatures::LOG_ALL.bits());
 
@@ -125,181 +119,6 @@ impl Connection {
 
     fn protocol_negotiated(&self) -> bool {
         self.acked_features.0 & VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits() != 0
-    }
-
-    /// Whether virtqueue `index` exists under the negotiated features (VIRTIO 1.2 5.1.2):
-    /// without MQ, one pair and the control queue at 2; with it, every pair and the control
-    /// queue after them; the control queue only with CTRL_VQ.
-    fn vring_allowed(&self, index: usize) -> bool {
-        let pairs = if self.acked_features.contains(feature::MQ) {
-            self.device.pairs() as usize
-        } else {
-            1
-        };
-        index < 2 * pairs || (index == 2 * pairs && self.acked_features.contains(feature::CTRL_VQ))
-    }
-
-    /// Starts queue `index` if everything it needs is there.
-    fn try_start(&mut self, index: usize) -> VuResult<()> {
-        let (Some(mem), Some(v)) = (self.mem.clone(), self.vrings.get(index)) else {
-            return Ok(());
-        };
-        if v.running || !v.enabled || v.kick.is_none() {
-            return Ok(());
-        }
-        if !self.vring_allowed(index) {
-            tracing::warn!(
-                queue = index,
-                "no such virtqueue under the negotiated features"
-            );
-            return Err(invalid("virtqueue not covered by the negotiated features"));
-        }
-        let Some((desc, avail, used)) = v.addrs else {
-            return Ok(());
-        };
-        let tr = |user: u64| mem.user_to_guest(user).ok_or(VuError::InvalidParam);
-        let rings = RingAddresses {
-            desc: tr(desc)?,
-            avail: tr(avail)?,
-            used: tr(used)?,
-        };
-        let features = Features(self.acked_features.0);
-        let refuse = |e: Error| {
-            tracing::warn!(queue = index, error = %e, "queue not started");
-            VuError::InvalidParam
-        };
-        let config = QueueConfig::new(v.num, rings, features)
-            .map_err(Error::protocol("queue configuration"))
-            .map_err(refuse)?;
-        let mut queue = DeviceQueue::activate(&config, mem, v.base)
-            .map_err(Error::protocol("queue configuration"))
-            .map_err(refuse)?;
-        queue.set_used_batch(self.device.shared().config().used_batch);
-        if let Some(log) = self.dirty_log() {
-            // The used ring is logged where the frontend said, else at its own address.
-            let used_log = v.log_addr.map_or(rings.used, GuestAddress);
-            queue.set_dirty_log(Some(log), used_log);
-        }
-        let v = &mut self.vrings[index];
-        // The worker gets descriptors of its own; failing to make one (EMFILE) refuses the
-        // start rather than running the queue without its call or err fd.
-        let dup = |f: &Option<PeerEventFd>| {
-            f.as_ref()
-                .map(PeerEventFd::try_clone)
-                .transpose()
-                .map_err(Error::host("duplicating a notification fd"))
-                .map_err(refuse)
-        };
-        let kick = dup(&v.kick)?.ok_or(VuError::InvalidParam)?;
-        let call = dup(&v.call)?;
-        let err = dup(&v.err)?;
-        let id = self.queue_id(index).ok_or(VuError::InvalidParam)?;
-        let shared = self.device.shared();
-        let counters = shared.queue_counters(id).clone();
-        let tunables = shared.queue_tunables(id).clone();
-        let v = &mut self.vrings[index];
-        v.running = true;
-        let rt = QueueRuntime::new(id, queue, kick, call, err, counters, tunables);
-        self.device.worker(id).start(rt);
-        tracing::debug!(queue = index, size = v.num, "queue started");
-        Ok(())
-    }
-
-    /// The device queue behind the frontend's virtqueue `index` (VIRTIO 1.2 5.1.2). Without
-    /// MQ the control queue is virtqueue 2, which on a multi-pair device is our last queue.
-    fn queue_id(&self, index: usize) -> Option<QueueId> {
-        let mq = self.acked_features.contains(feature::MQ);
-        if !mq && index == 2 && self.acked_features.contains(feature::CTRL_VQ) {
-            Some(QueueId::Ctrl)
-        } else {
-            QueueId::from_index(index, self.device.pairs())
-        }
-    }
-
-    /// Stops queue `index` if it runs, keeping its next avail index as the new base. A worker
-    /// that does not answer leaves the base unknown: the connection must close rather than
-    /// carry on from a stale one.
-    fn stop(&mut self, index: usize) -> VuResult<()> {
-        let Some(id) = self.queue_id(index) else {
-            return Ok(());
-        };
-        let Some(v) = self.vrings.get_mut(index) else {
-            return Ok(());
-        };
-        if v.running {
-            v.running = false;
-            match self.device.worker(id).stop(id) {
-                Ok(Some(next)) => v.base = next,
-                Ok(None) => {}
-                Err(e) => {
-                    tracing::error!(error = %e, "closing the connection");
-                    self.must_disconnect = true;
-                    return Err(invalid("a queue's worker did not stop"));
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Swaps the memory table (SET_MEM_TABLE, ADD_MEM_REG, REM_MEM_REG) around a quiesce of
-    /// the running queues ([`Connection::requeue`]). A queue whose rings the new memory no
-    /// longer holds stays stopped until a table that holds them arrives, as does one whose
-    /// kick and enable came before any memory.
-    fn replace_memory(&mut self, mem: Option<GuestMemory>) -> VuResult<()> {
-        self.requeue(|c| c.mem = mem.map(Arc::new))
-    }
-
-    /// Applies `change` with every running queue stopped (each one's batch published and
-    /// its posted buffers returned, as for GET_VRING_BASE, so no worker touches the memory or
-    /// the log meanwhile), then starts every queue that can run, the stopped ones from where
-    /// they stopped. Memory tables and dirty logs are swapped this way: a worker never sees
-    /// one change under it, only a queue started anew.
-    fn requeue(&mut self, change: impl FnOnce(&mut Self)) -> VuResult<()> {
-        let running: Vec<usize> = (0..self.vrings.len())
-            .filter(|&i| self.vrings[i].running)
-            .collect();
-        for &i in &running {
-            self.stop(i)?;
-        }
-        change(self);
-        for i in 0..self.vrings.len() {
-            if let Err(e) = self.try_start(i) {
-                tracing::warn!(queue = i, error = %e, "queue not started");
-            }
-        }
-        Ok(())
-    }
-
-    /// The log the queues mark, while logging is on: LOG_ALL acked and a log shared.
-    fn dirty_log(&self) -> Option<Arc<DirtyLog>> {
-        if !self.acked_features.contains(LOG_ALL) {
-            return None;
-        }
-        self.log.as_ref().map(|l| l.log.clone())
-    }
-
-    /// Whether the queues log their writes now.
-    pub fn logging(&self) -> bool {
-        self.dirty_log().is_some()
-    }
-
-    /// Whether the memory has the region `key` (guest address, size, user address), the key
-    /// by which ADD_MEM_REG and REM_MEM_REG name one.
-    fn maps_region(&self, key: (u64, u64, u64)) -> bool {
-        self.mem.as_ref().is_some_and(|m| {
-            m.regions()
-                .any(|r| (r.guest_addr.0, r.size, r.user_addr) == key)
-        })
-    }
-
-    /// Stops every queue: the frontend went away or reset the device.
-    pub fn stop_all(&mut self) {
-        for i in 0..self.vrings.len() {
-            // A hung worker is logged by `stop`; the other queues are stopped all the same.
-            let _ = self.stop(i);
-        }
-        // The next frontend starts from every TAP queue attached, as the device did.
-        self.rx_rings_enabled(None, true);
     }
 
     /// The frontend enabled or disabled the rx ring of pair `pair` (None: every pair): the
@@ -398,28 +217,7 @@ impl VhostUserBackendReqHandlerMut for Connection {
         files: Vec<File>,
         _postcopy_listening: Option<bool>,
     ) -> VuResult<Option<Vec<VhostUserMemoryRegionBase>>> {
-        if ctx.len() != files.len() {
-            return Err(VuError::InvalidParam);
-        }
-        let sources = ctx
-            .iter()
-            .zip(files)
-            .map(|(r, file)| RegionSource {
-                guest_addr: GuestAddress(r.guest_phys_addr),
-                size: r.memory_size,
-                user_addr: r.user_addr,
-                file,
-                mmap_offset: r.mmap_offset,
-            })
-            .collect();
-        let mem = GuestMemory::from_sources(sources).map_err(|e| {
-            let e = Error::protocol("SET_MEM_TABLE")(e);
-            tracing::warn!(error = %e, "memory table refused");
-            VuError::InvalidParam
-        })?;
-        self.removed.clear();
-        self.replace_memory(Some(mem))?;
-        Ok(None)
+        self.memory_table(ctx, files)
     }
 
     fn set_vring_num(&mut self, index: u32, num: u32) -> VuResult<()> {
@@ -640,61 +438,11 @@ impl VhostUserBackendReqHandlerMut for Connection {
         fd: File,
         _postcopy_listening: Option<bool>,
     ) -> VuResult<Option<VhostUserMemoryRegionBase>> {
-        // Copies: the message struct is packed.
-        let (guest, size, user) = (region.guest_phys_addr, region.memory_size, region.user_addr);
-        let key = (guest, size, user);
-        if self.maps_region(key) {
-            // The same region from another queue pair's table: mapped already.
-            return Ok(None);
-        }
-        let source = RegionSource {
-            guest_addr: GuestAddress(guest),
-            size,
-            user_addr: user,
-            file: fd,
-            mmap_offset: region.mmap_offset,
-        };
-        let mem = match &self.mem {
-            Some(mem) => mem.with_region(source),
-            None => GuestMemory::from_sources(vec![source]),
-        }
-        .map_err(|e| {
-            let e = Error::protocol("ADD_MEM_REG")(e);
-            tracing::warn!(error = %e, guest, size, "memory region refused");
-            VuError::InvalidParam
-        })?;
-        self.replace_memory(Some(mem))?;
-        self.removed.retain(|k| *k != key);
-        tracing::info!(guest, size, "memory region added");
-        Ok(None)
+        self.add_region(region, fd).map(|()| None)
     }
 
     fn remove_mem_region(&mut self, region: &VhostUserSingleMemoryRegion) -> VuResult<()> {
-        let (guest, size, user) = (region.guest_phys_addr, region.memory_size, region.user_addr);
-        let key = (guest, size, user);
-        if !self.maps_region(key) && self.removed.contains(&key) {
-            // Another queue pair's table removing it too: gone already.
-            return Ok(());
-        }
-        let mem = self
-            .mem
-            .as_ref()
-            .ok_or(vring::Error::InvalidMemory {
-                reason: "no such region to remove",
-            })
-            .and_then(|mem| mem.without_region(GuestAddress(guest), size, user))
-            .map_err(|e| {
-                let e = Error::protocol("REM_MEM_REG")(e);
-                tracing::warn!(error = %e, guest, size, "memory region not removed");
-                VuError::InvalidParam
-            })?;
-        self.replace_memory(mem)?;
-        if self.removed.len() >= MAX_REGIONS {
-            self.removed.remove(0);
-        }
-        self.removed.push(key);
-        tracing::info!(guest, size, "memory region removed");
-        Ok(())
+        self.remove_region(region)
     }
 
     fn set_device_state_fd(
@@ -717,43 +465,7 @@ impl VhostUserBackendReqHandlerMut for Connection {
     }
 
     fn set_log_base(&mut self, log: &VhostUserLog, file: File) -> VuResult<()> {
-        // The frontend waits for the reply (LOG_SHMFD), which the message layer sends only
-        // when this succeeds: a refusal must close the connection.
-        let (size, offset) = (log.mmap_size, log.mmap_offset);
-        let id = {
-            use std::os::unix::fs::MetadataExt;
-            file.metadata().map(|m| (m.dev(), m.ino(), size, offset))
-        };
-        if let (Ok(id), Some(current)) = (&id, &self.log) {
-            if *id == current.id {
-                // The same log again: QEMU sends it for every queue pair.
-                return Ok(());
-            }
-        }
-        let log = id
-            .map_err(|e| Error::host("reading the dirty log's file")(e))
-            .and_then(|id| {
-                DirtyLog::from_file(file, size, offset)
-                    .map(|log| SharedLog {
-                        log: Arc::new(log),
-                        id,
-                    })
-                    .map_err(Error::protocol("SET_LOG_BASE"))
-            })
-            .map_err(|e| {
-                tracing::warn!(error = %e, size, offset, "dirty log refused");
-                self.must_disconnect = true;
-                VuError::InvalidParam
-            })?;
-        tracing::info!(size, offset, "dirty log shared");
-        // Running queues that log move to the new log before the reply: the frontend reads
-        // and frees the old one once it has it.
-        if self.logging() {
-            self.requeue(|c| c.log = Some(log))
-        } else {
-            self.log = Some(log);
-            Ok(())
-        }
+        self.share_log(log, file)
     }
 }
 
@@ -762,6 +474,8 @@ mod tests {
 
     use vhost::vhost_user::message::{VhostUserConfigFlags, VhostUserVirtioFeatures};
     use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK, EFD_SEMAPHORE};
+
+    use vring::{DirtyLog, GuestAddress, RingAddresses};
 
     use super::*;
     use crate::testing::{eventfd_file, null_device, Frontend, TX0};
