@@ -9,24 +9,7 @@ use serde::Serialize;
 
 use vnet::ctrl::Coalesce;
 
-use super::poll::BusyPoll;
-
-/// Why a busy poll ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PollExit {
-    /// Work showed up on a polled ring or the TAP.
-    Hit,
-    /// The timeout expired.
-    Timeout,
-    /// Another request for this worker is pending (a control message, a queue change).
-    OtherWork,
-    /// The scheduler took the CPU from us for another task: someone else wants it.
-    Yield,
-    /// A signal is pending (SIGTERM or SIGINT on its way to the thread that takes them).
-    Signal,
-    /// The device is shutting the worker down.
-    Shutdown,
-}
+use super::poll::{BusyPoll, PollExit};
 
 vnet::counters! {
     /// Counters of one virtqueue, and its broken state.

@@ -48,7 +48,22 @@ use serde::{Deserialize, Serialize};
 
 use virtnet_sys::Sched;
 
-use super::metrics::PollExit;
+/// Why a busy poll ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PollExit {
+    /// Work showed up on a polled ring or the TAP.
+    Hit,
+    /// The timeout expired.
+    Timeout,
+    /// Another request for this worker is pending (a control message, a queue change).
+    OtherWork,
+    /// The scheduler took the CPU from us for another task: someone else wants it.
+    Yield,
+    /// A signal is pending (SIGTERM or SIGINT on its way to the thread that takes them).
+    Signal,
+    /// The device is shutting the worker down.
+    Shutdown,
+}
 
 /// How a queue busy-polls before it sleeps.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

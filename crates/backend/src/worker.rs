@@ -22,8 +22,8 @@ use vring::PollPace;
 
 use super::error::Error;
 use super::host::Port;
-use super::metrics::PollExit;
 use super::poll::AutoPoll;
+use super::poll::PollExit;
 use super::queue::{break_queue, install_queue, retire_queue, FaultWatch, QueueId, QueueRuntime};
 use super::rx::RxPath;
 use super::shared::Shared;

@@ -6,7 +6,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::Worker;
-use crate::metrics::{PollExit, QueueCounters};
+use crate::metrics::QueueCounters;
+use crate::poll::PollExit;
 use crate::poll::{BusyPoll, Check};
 use crate::siblings::Sibling;
 
