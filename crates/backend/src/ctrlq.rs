@@ -148,8 +148,8 @@ impl CtrlWorker {
     fn handle_commands(&mut self) -> bool {
         while let Some(cmd) = self.inbox.next() {
             match cmd {
-                Command::Start(q) => {
-                    let q = install_queue(&self.epoll, *q, EV_KICK);
+                Command::Start { queue, .. } => {
+                    let q = install_queue(&self.epoll, *queue, EV_KICK);
                     if let Some(old) = self.queue.replace(q) {
                         retire_queue(&self.epoll, old);
                     }
@@ -158,6 +158,8 @@ impl CtrlWorker {
                     let _ = reply.send(self.queue.take().map(|q| retire_queue(&self.epoll, q)));
                 }
                 Command::Shutdown => return false,
+                // Pairs are data workers' business.
+                Command::AddPair { .. } | Command::RemovePair { .. } => {}
             }
         }
         true

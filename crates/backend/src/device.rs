@@ -15,19 +15,27 @@ use super::metrics::{QueueCounters, QueueReport};
 use super::poll::BusyPoll;
 use super::queue::QueueId;
 use super::shared::Shared;
-use super::thread::{WorkerHandle, PAIR_THREAD};
-use super::worker::Worker;
+use super::thread::{PairHandle, StopTimedOut, WorkerHandle, PAIR_THREAD};
+use super::worker::{self, Pair, WorkerConfig};
 
-/// Starts the worker of pair `pair` on host port `port`.
-fn spawn_pair(pair: u16, port: Box<dyn Port>, shared: &Arc<Shared>) -> io::Result<WorkerHandle> {
+/// Starts a worker of its own for pair `pair` on host port `port`.
+fn spawn_pair(pair: u16, port: Box<dyn Port>, shared: &Arc<Shared>) -> io::Result<PairHandle> {
     let wake = shared.wake(pair).try_clone()?;
+    let config = WorkerConfig::of(shared.config());
+    let worker = worker::spawn(format!("{PAIR_THREAD}{pair}"), wake, config)?;
+    Ok(worker.add_pair(Pair::new(pair, port, shared.clone())))
+}
+
+/// Starts the control queue's worker.
+fn spawn_ctrl(shared: &Arc<Shared>) -> io::Result<WorkerHandle> {
+    let wake = vmm_sys_util::eventfd::EventFd::new(libc::EFD_NONBLOCK)?;
     let s = shared.clone();
     WorkerHandle::spawn(
-        format!("{PAIR_THREAD}{pair}"),
+        "virtnet-ctrlq".into(),
         wake,
-        move |inbox| match Worker::new(pair, port, s, inbox) {
-            Ok(mut w) => report_exit("data", w.run()),
-            Err(e) => tracing::error!(pair, error = %e, "cannot start the pair's worker"),
+        move |inbox| match CtrlWorker::new(s, inbox) {
+            Ok(mut w) => report_exit("control queue", w.run()),
+            Err(e) => tracing::error!(error = %e, "cannot start the control queue's worker"),
         },
     )
 }
@@ -42,8 +50,42 @@ fn report_exit(what: &str, r: Result<(), super::Error>) {
 #[derive(Debug)]
 pub struct Device {
     shared: Arc<Shared>,
-    /// One per pair, then the control queue's.
-    workers: Vec<WorkerHandle>,
+    /// Each pair's place on its worker.
+    pairs: Vec<PairHandle>,
+    /// The control queue's worker.
+    ctrl: WorkerHandle,
+}
+
+/// The worker of one queue of a device, as the protocol layer drives it.
+#[derive(Clone, Copy, Debug)]
+pub enum QueueWorker<'a> {
+    Pair(&'a PairHandle),
+    Ctrl(&'a WorkerHandle),
+}
+
+impl QueueWorker<'_> {
+    pub fn start(self, q: crate::QueueRuntime) {
+        match self {
+            QueueWorker::Pair(p) => p.start(q),
+            QueueWorker::Ctrl(w) => w.start(q),
+        }
+    }
+
+    /// Stops queue `id` and returns where it stood (see `WorkerHandle::stop`).
+    pub fn stop(self, id: QueueId) -> Result<Option<vring::RingPosition>, StopTimedOut> {
+        match self {
+            QueueWorker::Pair(p) => p.stop(id),
+            QueueWorker::Ctrl(w) => w.stop(id),
+        }
+    }
+
+    /// Whether the worker's thread has ended.
+    pub fn is_finished(self) -> bool {
+        match self {
+            QueueWorker::Pair(p) => p.is_finished(),
+            QueueWorker::Ctrl(w) => w.is_finished(),
+        }
+    }
 }
 
 impl Device {
@@ -55,21 +97,16 @@ impl Device {
             virtnet_sys::peer_fd::prepare_watchdog()?;
         }
         let shared = Arc::new(Shared::new(config, opened.control)?);
-        let mut workers = Vec::new();
+        let mut pairs = Vec::new();
         for (p, port) in (0..).zip(opened.ports) {
-            workers.push(spawn_pair(p, port, &shared)?);
+            pairs.push(spawn_pair(p, port, &shared)?);
         }
-        let wake = vmm_sys_util::eventfd::EventFd::new(libc::EFD_NONBLOCK)?;
-        let s = shared.clone();
-        workers.push(WorkerHandle::spawn(
-            "virtnet-ctrlq".into(),
-            wake,
-            move |inbox| match CtrlWorker::new(s, inbox) {
-                Ok(mut w) => report_exit("control queue", w.run()),
-                Err(e) => tracing::error!(error = %e, "cannot start the control queue's worker"),
-            },
-        )?);
-        Ok(Arc::new(Device { shared, workers }))
+        let ctrl = spawn_ctrl(&shared)?;
+        Ok(Arc::new(Device {
+            shared,
+            pairs,
+            ctrl,
+        }))
     }
 
     pub fn shared(&self) -> &Arc<Shared> {
@@ -97,11 +134,11 @@ impl Device {
         let id = QueueId::from_index(queue, self.pairs()).expect("a virtqueue of the device");
         self.shared.queue_counters(id).clone()
     }
-    /// The worker serving queue `id`: its pair's, or the control queue's (the last).
-    pub fn worker(&self, id: QueueId) -> &WorkerHandle {
+    /// The worker serving queue `id`: its pair's, or the control queue's.
+    pub fn worker(&self, id: QueueId) -> QueueWorker<'_> {
         match id.pair() {
-            Some(p) => &self.workers[p as usize],
-            None => &self.workers[self.workers.len() - 1],
+            Some(p) => QueueWorker::Pair(&self.pairs[p as usize]),
+            None => QueueWorker::Ctrl(&self.ctrl),
         }
     }
 

@@ -33,6 +33,9 @@ vnet::counters! {
         /// io_uring_enter each; the null port: each burst it drops), so that packets /
         /// host_batches is the frames per burst. 0 when the port takes frames one at a time.
         host_batches,
+        /// rx frames a switch had for the guest when its ring had no room: dropped, never
+        /// waited for (a NIC's rx_missed).
+        rx_missed,
         /// rx frames read through the host port's own buffer and copied, because the guest
         /// had not posted buffers for the largest frame (the others go straight into guest
         /// memory).

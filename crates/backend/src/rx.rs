@@ -23,6 +23,8 @@ use super::turn::{Turn, WEIGHT_PACKETS};
 mod copy;
 mod direct;
 
+pub use copy::Pieces;
+
 /// Frames per burst of [`RxPath::deliver_burst`]: as many buffer fetches in flight as the CPU
 /// keeps.
 const BURST: usize = 32;
@@ -478,6 +480,22 @@ impl RxPath {
             return Ok(Delivery::NoRoom);
         };
         let r = copy::deliver(shared, rx, frame, &mut self.chains, &mut self.grown);
+        self.trim();
+        r
+    }
+
+    /// Puts one frame given in pieces (see [`Pieces`]) into the rx queue, merging buffers
+    /// when MRG_RXBUF is negotiated. What became of it as [`RxPath::deliver`] says; the
+    /// caller has checked that the queue is usable.
+    pub fn deliver_pieces(
+        &mut self,
+        shared: &Shared,
+        frame: Pieces<'_, '_, '_>,
+    ) -> Result<Delivery, RingError> {
+        let Some(rx) = self.queue.as_mut() else {
+            return Ok(Delivery::NoRoom);
+        };
+        let r = copy::deliver_pieces(shared, rx, frame, &mut self.chains, &mut self.grown);
         self.trim();
         r
     }

@@ -116,7 +116,26 @@ impl Shared {
     ///
     /// [`Device::new`]: crate::Device::new
     pub fn new(config: BackendConfig, control: Box<dyn Control>) -> io::Result<Shared> {
+        let wakes = (0..config.pairs)
+            .map(|_| EventFd::new(libc::EFD_NONBLOCK))
+            .collect::<io::Result<_>>()?;
+        Shared::with_wakes(config, control, wakes)
+    }
+
+    /// As [`Shared::new`], for pairs whose workers are woken through `wakes` (one per pair: a
+    /// switch's workers serve the pairs of many devices).
+    pub fn with_wakes(
+        config: BackendConfig,
+        control: Box<dyn Control>,
+        wakes: Vec<EventFd>,
+    ) -> io::Result<Shared> {
         check_pairs(config.pairs)?;
+        if wakes.len() != config.pairs as usize {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "one wake-up eventfd per queue pair",
+            ));
+        }
         let queues = || QueueId::all(config.pairs);
         let counters = queues().map(|_| Arc::default()).collect();
         let tunables: Vec<Arc<QueueTunables>> = queues().map(|_| Arc::default()).collect();
@@ -136,9 +155,7 @@ impl Shared {
             features: AtomicU64::new(0),
             status: AtomicU8::new(0),
             status_sets: AtomicU64::new(0),
-            wakes: (0..config.pairs)
-                .map(|_| EventFd::new(libc::EFD_NONBLOCK))
-                .collect::<io::Result<_>>()?,
+            wakes,
             counters,
             tunables,
             control,

@@ -1,10 +1,12 @@
-//! The thread of a worker and its command channel: how the protocol thread starts and stops
-//! queues on a worker, and shuts it down.
+//! The thread of a worker and its command channel: how the protocol thread hands a worker the
+//! pairs it serves, starts and stops their queues, and shuts it down.
 //!
 //! A worker sleeps in epoll; a command is a message on a channel plus a write to the worker's
-//! wake eventfd, and a flag that the worker's busy-poll loop checks without a syscall.
+//! wake eventfd, and a flag that the worker's busy-poll loop checks without a syscall. A data
+//! worker serves one or more queue pairs, each in a slot of its own ([`PairHandle`]): a
+//! backend runs a worker per pair; a switch runs a few workers for the pairs of all its ports.
 
-use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::SeqCst};
 use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -16,18 +18,33 @@ use super::error::Error;
 use vring::RingPosition;
 
 use super::queue::{QueueId, QueueRuntime};
+use super::worker::Pair;
 
 /// The name of each pair's worker thread, followed by the pair's number (how the board of
 /// pinned workers, `crate::siblings`, recognises another backend's worker).
 pub const PAIR_THREAD: &str = "virtnet-pair";
 
-/// Requests from the protocol thread to a worker.
+/// Requests from the protocol thread to a worker. `slot` names one of a data worker's pairs
+/// (the control queue's worker has one queue and ignores it).
 #[derive(Debug)]
 pub enum Command {
-    Start(Box<QueueRuntime>),
-    /// Stop queue `queue`, flushing its batch; the reply is its next avail index (None if it
-    /// was not running).
+    /// Serve `pair` in `slot` from now on.
+    AddPair {
+        slot: u32,
+        pair: Box<Pair>,
+    },
+    /// Stop serving the pair in `slot` (its queues stopped as at GET_VRING_BASE).
+    RemovePair {
+        slot: u32,
+    },
+    Start {
+        slot: u32,
+        queue: Box<QueueRuntime>,
+    },
+    /// Stop queue `queue`, flushing its batch; the reply is where it stood (None if it was not
+    /// running).
     Stop {
+        slot: u32,
         queue: QueueId,
         reply: mpsc::Sender<Option<RingPosition>>,
     },
@@ -89,6 +106,8 @@ pub struct StopTimedOut(pub QueueId);
 #[derive(Debug)]
 pub struct WorkerHandle {
     tx: mpsc::Sender<Command>,
+    /// The next slot a pair gets.
+    next_slot: AtomicU32,
     wake: EventFd,
     pending: Arc<AtomicBool>,
     shutting_down: Arc<AtomicBool>,
@@ -116,11 +135,18 @@ impl WorkerHandle {
             .spawn(move || body(inbox))?;
         Ok(WorkerHandle {
             tx,
+            next_slot: AtomicU32::new(0),
             wake,
             pending,
             shutting_down,
             thread: Some(thread),
         })
+    }
+
+    /// The wake-up eventfd the worker watches (a device's control commands write it so that
+    /// the worker re-checks).
+    pub fn wake(&self) -> &EventFd {
+        &self.wake
     }
 
     fn send(&self, cmd: Command) {
@@ -139,18 +165,83 @@ impl WorkerHandle {
         self.thread.as_ref().is_none_or(|t| t.is_finished())
     }
 
+    /// Starts queue `q` on the worker's queue (a worker of one queue: the control queue's).
     pub fn start(&self, q: QueueRuntime) {
-        self.send(Command::Start(Box::new(q)));
+        self.start_in(0, q);
     }
 
-    /// Stops queue `queue` and returns its next avail index (None if it was not running),
-    /// waiting at most 5 s; Err if the worker did not answer in time.
+    fn start_in(&self, slot: u32, q: QueueRuntime) {
+        self.send(Command::Start {
+            slot,
+            queue: Box::new(q),
+        });
+    }
+
+    /// Stops queue `queue` and returns where it stood (None if it was not running), waiting at
+    /// most 5 s; Err if the worker did not answer in time.
     pub fn stop(&self, queue: QueueId) -> Result<Option<RingPosition>, StopTimedOut> {
+        self.stop_in(0, queue)
+    }
+
+    fn stop_in(&self, slot: u32, queue: QueueId) -> Result<Option<RingPosition>, StopTimedOut> {
         let (reply, answer) = mpsc::channel();
-        self.send(Command::Stop { queue, reply });
+        self.send(Command::Stop { slot, queue, reply });
         answer
             .recv_timeout(STOP_TIMEOUT)
             .map_err(|_| StopTimedOut(queue))
+    }
+
+    /// Hands `pair` to this data worker, in a slot of its own: the handle through which its
+    /// queues start and stop, and which takes the pair back when dropped.
+    pub fn add_pair(self: &Arc<WorkerHandle>, pair: Pair) -> PairHandle {
+        let slot = self.next_slot.fetch_add(1, SeqCst);
+        self.send(Command::AddPair {
+            slot,
+            pair: Box::new(pair),
+        });
+        PairHandle {
+            worker: self.clone(),
+            slot,
+        }
+    }
+}
+
+/// A queue pair's place on its data worker: how the protocol layer starts and stops the
+/// pair's queues. Dropping it takes the pair off the worker (its queues stopped); the worker
+/// itself ends with its last handle.
+#[derive(Debug)]
+pub struct PairHandle {
+    worker: Arc<WorkerHandle>,
+    slot: u32,
+}
+
+impl PairHandle {
+    pub fn start(&self, q: QueueRuntime) {
+        self.worker.start_in(self.slot, q);
+    }
+
+    /// Stops queue `queue` of the pair, as [`WorkerHandle::stop`].
+    pub fn stop(&self, queue: QueueId) -> Result<Option<RingPosition>, StopTimedOut> {
+        self.worker.stop_in(self.slot, queue)
+    }
+
+    /// Whether the worker's thread has ended (see [`WorkerHandle::is_finished`]).
+    pub fn is_finished(&self) -> bool {
+        self.worker.is_finished()
+    }
+
+    /// The worker serving the pair.
+    pub fn worker(&self) -> &Arc<WorkerHandle> {
+        &self.worker
+    }
+}
+
+impl Drop for PairHandle {
+    fn drop(&mut self) {
+        // The worker's last pair: the worker shuts down with its handle, the pair with it.
+        if Arc::strong_count(&self.worker) > 1 {
+            self.worker.send(Command::RemovePair { slot: self.slot });
+        }
     }
 }
 

@@ -1,64 +1,97 @@
-//! The data path of one queue pair: a worker thread moving frames between the guest's rings
-//! and a host port ([`Port`]), through the pair's tx path ([`TxPath`]) and rx path
-//! ([`RxPath`]).
+//! The data path's threads: a worker serves one or more queue pairs ([`Pair`]: the guest's tx
+//! and rx paths and a host port), each in a slot of its own. A backend runs a worker per pair.
 //!
-//! The loop, per turn: tx up to the weight, rx up to the weight; after a turn that moved a
-//! few frames, a pause of a few hundred nanoseconds at most before the next ([`PollPace`]:
-//! looking again at once would take the ring's index lines from a driver that is still
-//! adding). When both are idle: busy-poll (a fixed timeout, or as long as the auto policy of
-//! [`super::poll`] decides, with the host side polled for rx from the same loop), then enable
-//! notifications with a re-check, then sleep in epoll on the kicks, the host port's fd and the
-//! command eventfd. Used entries are published in batches by the engine and always flushed
-//! before polling or sleeping.
+//! The loop, per turn: each pair's tx up to the weight, then its rx up to the weight; after a
+//! turn that moved a few frames, a pause of a few hundred nanoseconds at most before the next
+//! ([`PollPace`]: looking again at once would take the ring's index lines from a driver that
+//! is still adding). When every pair is idle: busy-poll (a fixed timeout, or as long as the
+//! auto policy of [`super::poll`] decides, with the host side polled for rx from the same
+//! loop), then enable notifications with a re-check, then sleep in epoll on the kicks, the
+//! host ports' fds, the coalescing timer and the command eventfd. Used entries are published
+//! in batches by the engine and always flushed before polling or sleeping.
 
 use std::os::fd::AsRawFd;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use virtnet_sys::SchedStat;
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
+use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::timerfd::TimerFd;
 use vring::PollPace;
 
+use super::config::BackendConfig;
 use super::error::Error;
-use super::host::Port;
-use super::poll::AutoPoll;
-use super::poll::PollExit;
-use super::queue::{break_queue, install_queue, retire_queue, FaultWatch, QueueId, QueueRuntime};
-use super::rx::RxPath;
-use super::shared::Shared;
+use super::poll::{AutoPoll, PollExit};
+use super::queue::FaultWatch;
 use super::siblings::Sibling;
-use super::thread::{wait_events, Command, Inbox};
-use super::tx::TxPath;
+use super::thread::{wait_events, Command, Inbox, WorkerHandle};
 
 mod busy_poll;
+mod pair;
 
-const EV_WAKE: u64 = 0;
-const EV_RX_KICK: u64 = 1;
-const EV_TX_KICK: u64 = 2;
-const EV_HOST: u64 = 3;
-const EV_TIMER: u64 = 4;
+pub use pair::Pair;
+use pair::{untag, EV_HOST, EV_RX_KICK, EV_TX_KICK};
 
-/// One queue pair's worker.
+/// The epoll tags of the worker's own events (a pair's tags hold its slot, far below these).
+const EV_WAKE: u64 = u64::MAX;
+const EV_TIMER: u64 = u64::MAX - 1;
+
+/// How a data worker runs: on which CPU, among which siblings, under which restrictions.
+#[derive(Clone, Debug, Default)]
+pub struct WorkerConfig {
+    /// Pinned to this CPU, if any.
+    pub cpu: Option<usize>,
+    /// The board of pinned workers (`crate::siblings`).
+    pub board: Option<PathBuf>,
+    /// The workers' seccomp filter installed.
+    pub seccomp: bool,
+    /// Busy polling also polls the host side for rx.
+    pub poll_rx_from_tx: bool,
+}
+
+impl WorkerConfig {
+    /// A worker of a device configured by `config`.
+    pub fn of(config: &BackendConfig) -> WorkerConfig {
+        WorkerConfig {
+            cpu: config.worker_cpu,
+            board: config.worker_board.clone(),
+            seccomp: config.seccomp,
+            poll_rx_from_tx: config.poll_rx_from_tx,
+        }
+    }
+}
+
+/// Starts a data worker, thread `name`, woken through `wake`: it serves the pairs added to it
+/// ([`WorkerHandle::add_pair`]) until its last handle goes.
+pub fn spawn(
+    name: String,
+    wake: EventFd,
+    config: WorkerConfig,
+) -> std::io::Result<Arc<WorkerHandle>> {
+    let handle = WorkerHandle::spawn(name, wake, move |inbox| match Worker::new(config, inbox) {
+        Ok(mut w) => {
+            if let Err(e) = w.run() {
+                tracing::error!(error = %e, "worker stopped; its queues no longer run");
+            }
+        }
+        Err(e) => tracing::error!(error = %e, "cannot start a worker"),
+    })?;
+    Ok(Arc::new(handle))
+}
+
+/// A data worker.
 pub struct Worker {
-    shared: Arc<Shared>,
-    pair: u16,
-    port: Box<dyn Port>,
-    tx: TxPath,
-    rx: RxPath,
+    config: WorkerConfig,
+    /// The pairs served, by slot.
+    pairs: Vec<Option<Pair>>,
     inbox: Inbox,
     epoll: Epoll,
     /// Fires when a call held back by coalescing is due.
     timer: TimerFd,
-    /// What epoll watches the host port's fd for: readable while rx has buffers to receive
-    /// into, writable while tx waits for the port to take frames again.
-    host_armed: EventSet,
-    /// The host port's fd reports EPOLLERR or EPOLLHUP for good (a deleted TAP, a pipe with no
-    /// reader; level-triggered epoll would wake us at once, forever): it is no longer watched.
-    /// A socket's pending error, which reading SO_ERROR clears, is not that.
-    host_gone: bool,
     faults: FaultWatch,
-    /// Busy polling auto's policy; when the pair last went idle (the gap it measures); the
+    /// Busy polling auto's policy; when the worker last went idle (the gap it measures); the
     /// worker thread's schedstat and its siblings', for its contention check.
     auto: AutoPoll,
     idle_since: Option<Instant>,
@@ -70,31 +103,20 @@ pub struct Worker {
 impl std::fmt::Debug for Worker {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Worker")
-            .field("pair", &self.pair)
-            .field("tx", &self.tx)
-            .field("rx", &self.rx)
+            .field("config", &self.config)
+            .field("pairs", &self.pairs)
             .finish_non_exhaustive()
     }
 }
 
 impl Worker {
-    pub fn new(
-        pair: u16,
-        port: Box<dyn Port>,
-        shared: Arc<Shared>,
-        inbox: Inbox,
-    ) -> std::io::Result<Self> {
+    pub fn new(config: WorkerConfig, inbox: Inbox) -> std::io::Result<Self> {
         Ok(Worker {
-            shared,
-            pair,
-            port,
-            tx: TxPath::default(),
-            rx: RxPath::default(),
+            config,
+            pairs: Vec::new(),
             inbox,
             epoll: Epoll::new()?,
             timer: TimerFd::new()?,
-            host_armed: EventSet::empty(),
-            host_gone: false,
             faults: FaultWatch::default(),
             auto: AutoPoll::new(Instant::now()),
             idle_since: None,
@@ -104,19 +126,19 @@ impl Worker {
     }
 
     /// Runs until shut down. Returns early, with the error, if the worker's own epoll set
-    /// cannot be built: then no queue of this pair can run.
+    /// cannot be built: then none of its pairs' queues can run.
     pub fn run(&mut self) -> Result<(), Error> {
-        let config = self.shared.config();
-        if let Some(cpu) = config.worker_cpu {
+        if let Some(cpu) = self.config.cpu {
             if let Err(e) = virtnet_sys::pin_thread(cpu) {
                 tracing::warn!(cpu, error = %e, "cannot pin the worker");
             }
         }
         // Opened by this thread (the file is the opener's), before seccomp forbids opening.
+        let (cpu, board) = (self.config.cpu, self.config.board.clone());
         self.sibling = SchedStat::open()
             .ok()
-            .map(|s| Sibling::join(config.worker_cpu, s, config.worker_board.as_deref()));
-        if config.seccomp {
+            .map(|s| Sibling::join(cpu, s, board.as_deref()));
+        if self.config.seccomp {
             virtnet_sys::sandbox::restrict_thread()
                 .map_err(Error::host("installing the worker's seccomp filter"))?;
         }
@@ -132,7 +154,7 @@ impl Worker {
                 )
                 .map_err(Error::host("building the worker's epoll set"))?;
         }
-        let mut events = vec![EpollEvent::default(); 8];
+        let mut events = vec![EpollEvent::default(); 16];
         loop {
             if self.inbox.take_pending() && !self.handle_commands() {
                 return Ok(());
@@ -140,12 +162,12 @@ impl Worker {
             self.fire_due_calls();
             // The gap ends when the turn starts, not after it: a hit's own work is no idle time.
             let turn_start = self.idle_since.map(|_| Instant::now());
-            let tx = self.tx.turn(&mut *self.port);
-            let active = self.active();
-            let rx = self.rx.turn(&mut *self.port, &self.shared, active);
+            let mut frames = 0;
+            for pair in self.pairs.iter_mut().flatten() {
+                frames += pair.turn();
+            }
             self.faults
-                .check(self.tx.queue().into_iter().chain(self.rx.queue()));
-            let frames = tx.frames + rx.frames;
+                .check(self.pairs.iter().flatten().flat_map(Pair::queues));
             if frames > 0 {
                 if let (Some(t), Some(now)) = (self.idle_since.take(), turn_start) {
                     self.auto.record_gap(now - t, now);
@@ -174,50 +196,39 @@ impl Worker {
                     EV_WAKE => {
                         let _ = self.inbox.wake.read();
                     }
-                    EV_RX_KICK => self
-                        .rx
-                        .queue()
-                        .into_iter()
-                        .for_each(QueueRuntime::take_kick),
-                    EV_TX_KICK => self
-                        .tx
-                        .queue()
-                        .into_iter()
-                        .for_each(QueueRuntime::take_kick),
                     EV_TIMER => {
                         let _ = self.timer.wait();
                     }
-                    EV_HOST
-                        if ev
-                            .event_set()
-                            .intersects(EventSet::ERROR | EventSet::HANG_UP)
-                            && self.port.fd().is_some_and(virtnet_sys::error_persists) =>
-                    {
-                        self.unwatch_host();
+                    tag => {
+                        let (slot, kind) = untag(tag);
+                        let Some(Some(pair)) = self.pairs.get_mut(slot as usize) else {
+                            continue;
+                        };
+                        match kind {
+                            EV_RX_KICK | EV_TX_KICK => pair.take_kick(kind),
+                            EV_HOST => pair.host_event(&self.epoll, ev.event_set()),
+                            _ => {}
+                        }
                     }
-                    _ => {}
                 }
             }
             self.disarm_notifications();
         }
     }
 
-    fn queues(&mut self) -> impl Iterator<Item = &mut QueueRuntime> {
-        [self.tx.queue_mut(), self.rx.queue_mut()]
-            .into_iter()
-            .flatten()
-    }
-
     fn fire_due_calls(&mut self) {
         let now = Instant::now();
-        self.queues().for_each(|q| q.fire_if_due(now));
+        self.pairs
+            .iter_mut()
+            .flatten()
+            .for_each(|p| p.fire_due_calls(now));
     }
 
     fn next_call_deadline(&self) -> Option<Instant> {
-        [self.tx.queue(), self.rx.queue()]
-            .into_iter()
+        self.pairs
+            .iter()
             .flatten()
-            .filter_map(|q| q.call_deadline())
+            .filter_map(Pair::next_call_deadline)
             .min()
     }
 
@@ -241,27 +252,29 @@ impl Worker {
     fn handle_commands(&mut self) -> bool {
         while let Some(cmd) = self.inbox.next() {
             match cmd {
-                Command::Start(q) => {
-                    // A port fd given up on is tried again with each queue start: a TAP queue
-                    // detached meanwhile (its pair disabled) reported an error until attached.
-                    self.host_gone = false;
-                    let old = if matches!(q.id(), QueueId::Rx(_)) {
-                        self.rx.start(install_queue(&self.epoll, *q, EV_RX_KICK))
-                    } else {
-                        self.tx.start(install_queue(&self.epoll, *q, EV_TX_KICK))
-                    };
-                    if let Some(old) = old {
-                        retire_queue(&self.epoll, old);
+                Command::AddPair { slot, pair } => {
+                    let i = slot as usize;
+                    if self.pairs.len() <= i {
+                        self.pairs.resize_with(i + 1, || None);
+                    }
+                    self.pairs[i] = Some(*pair);
+                }
+                Command::RemovePair { slot } => {
+                    if let Some(mut pair) = self.pairs.get_mut(slot as usize).and_then(Option::take)
+                    {
+                        pair.retire(&self.epoll);
                     }
                 }
-                Command::Stop { queue, reply } => {
-                    let q = if matches!(queue, QueueId::Rx(_)) {
-                        self.rx.stop()
-                    } else {
-                        self.tx.stop()
+                Command::Start { slot, queue } => match self.pairs.get_mut(slot as usize) {
+                    Some(Some(pair)) => pair.start(&self.epoll, slot, *queue),
+                    _ => tracing::error!(slot, "a queue started on a slot without a pair"),
+                },
+                Command::Stop { slot, queue, reply } => {
+                    let at = match self.pairs.get_mut(slot as usize) {
+                        Some(Some(pair)) => pair.stop(&self.epoll, queue),
+                        _ => None,
                     };
-                    self.port.queue_stopped();
-                    let _ = reply.send(q.map(|q| retire_queue(&self.epoll, q)));
+                    let _ = reply.send(at);
                 }
                 Command::Shutdown => return false,
             }
@@ -269,98 +282,20 @@ impl Worker {
         true
     }
 
-    /// Whether this pair carries traffic (MQ VQ_PAIRS_SET may have disabled it).
-    fn active(&self) -> bool {
-        self.shared.pair_active(self.pair)
-    }
-
-    /// Enables notifications on both queues (not on tx while it waits for the host: its
-    /// kicks would tell nothing new); returns true if either re-check found work.
+    /// Enables notifications on every pair's queues and arms their ports' fds; returns true if
+    /// a re-check found work to do now.
     fn arm_notifications(&mut self) -> bool {
-        let mut pending = false;
-        let tx_waits = self.tx.waits_port();
-        let queues = [
-            self.tx.queue_mut().filter(|_| !tx_waits),
-            self.rx.queue_mut(),
-        ];
-        for q in queues.into_iter().flatten().filter(|q| q.usable()) {
-            match q.enable_notification() {
-                Ok(p) => pending |= p,
-                Err(e) => break_queue(q, &e.into()),
+        let mut runnable = false;
+        for (slot, pair) in self.pairs.iter_mut().enumerate() {
+            if let Some(pair) = pair {
+                runnable |= pair.arm(&self.epoll, slot as u32);
             }
-        }
-        let runnable = pending && self.has_runnable_work();
-        if !runnable {
-            self.arm_host();
         }
         runnable
     }
 
-    /// Watches the host port's fd in epoll for reading only while rx has buffers: a readable
-    /// TAP with nowhere to put its frames must not wake us (level-triggered epoll would spin);
-    /// the rx kick will. And for writing only while tx waits for the host.
-    fn arm_host(&mut self) {
-        let Some(fd) = self.port.fd().filter(|_| !self.host_gone) else {
-            return;
-        };
-        let mut want = EventSet::empty();
-        // With a frame already waiting for buffers, the fd has nothing to tell us.
-        // Nor while the pair is not in use: its TAP queue is detached, and reports an error.
-        if !self.rx.holds_frame() && self.rx_can_take() {
-            want |= EventSet::IN;
-        }
-        if self.tx.waits_port() {
-            want |= EventSet::OUT;
-        }
-        if want == self.host_armed {
-            return;
-        }
-        let op = match (self.host_armed.is_empty(), want.is_empty()) {
-            (true, _) => ControlOperation::Add,
-            (false, true) => ControlOperation::Delete,
-            (false, false) => ControlOperation::Modify,
-        };
-        let r = self.epoll.ctl(op, fd, EpollEvent::new(want, EV_HOST));
-        match r {
-            Ok(()) => self.host_armed = want,
-            // Not watched: rx then runs on the guest's kicks and busy polling only.
-            Err(e) => tracing::warn!(error = %e, "cannot watch the host port"),
-        }
-    }
-
-    /// Stops watching the host port's fd, which reported an error: rx then runs on kicks and
-    /// busy polling, and a tx frame waiting for the port is tried again (and dropped).
-    #[cold]
-    fn unwatch_host(&mut self) {
-        tracing::warn!(
-            pair = self.pair,
-            "the host port's fd reports an error; no longer watched"
-        );
-        self.queues().for_each(|q| q.counters().host_errors.add(1));
-        if let Some(fd) = self.port.fd() {
-            let _ = self
-                .epoll
-                .ctl(ControlOperation::Delete, fd, EpollEvent::default());
-        }
-        self.host_armed = EventSet::empty();
-        self.host_gone = true;
-    }
-
-    /// Whether guest rx can take a frame now: it runs, its pair is active, and the guest has
-    /// posted buffers since it last lacked room.
-    fn rx_can_take(&mut self) -> bool {
-        self.active() && !self.rx.still_blocked() && self.rx.has_buffers()
-    }
-
-    /// Whether a queue has something to do right now, given the host port.
-    fn has_runnable_work(&mut self) -> bool {
-        self.tx.pending()
-            || (self.tx.waits_port() && self.port.writable())
-            || ((self.rx.holds_frame() || self.port.readable()) && self.rx_can_take())
-    }
-
     fn disarm_notifications(&mut self) {
-        self.queues().for_each(|q| q.disable_notification());
+        self.pairs.iter_mut().flatten().for_each(Pair::disarm);
     }
 }
 
@@ -373,10 +308,12 @@ mod tests {
     use vring::{Error as RingError, Features, Gather, GuestMemory, Segment};
 
     use super::*;
-    use crate::host::Sent;
+    use crate::host::{Port, Sent};
     use crate::poll::BusyPoll;
+    use crate::queue::QueueId;
+    use crate::shared::Shared;
     use crate::testing::{setup_sized, shared};
-    use crate::thread::WorkerHandle;
+    use crate::thread::PairHandle;
 
     /// A host port that writes guest tx frames into a one-page pipe, as a TAP with a full send
     /// buffer pushes back: EAGAIN once the pipe is full, writable again once it is read.
@@ -439,6 +376,22 @@ mod tests {
         }
     }
 
+    /// A worker, thread `name` under the workers' seccomp filter, serving one pair (pair 0 of
+    /// `shared`) on `port`.
+    fn on_worker(
+        name: &str,
+        wake: vmm_sys_util::eventfd::EventFd,
+        port: PipePort,
+        shared: Arc<Shared>,
+    ) -> PairHandle {
+        let config = WorkerConfig {
+            seccomp: true,
+            ..WorkerConfig::default()
+        };
+        let worker = spawn(name.to_string(), wake, config).unwrap();
+        worker.add_pair(Pair::new(0, Box::new(port), shared))
+    }
+
     /// A non-blocking pipe (64 KiB, the default): (read end, write end).
     fn pipe() -> (File, File) {
         let (rd, wr) = std::io::pipe().unwrap();
@@ -460,14 +413,7 @@ mod tests {
             .tunables()
             .set_busy_poll(BusyPoll::Fixed(1_000_000));
         let wake = vmm_sys_util::eventfd::EventFd::new(libc::EFD_NONBLOCK).unwrap();
-        let worker = WorkerHandle::spawn("t-poll-shutdown".into(), wake, move |inbox| {
-            let port = PipePort::new(wr, false);
-            Worker::new(0, Box::new(port), shared, inbox)
-                .unwrap()
-                .run()
-                .unwrap();
-        })
-        .unwrap();
+        let worker = on_worker("t-poll-shutdown", wake, PipePort::new(wr, false), shared);
         worker.start(s.runtime);
         assert!(testkit::eventually(Duration::from_secs(5), || {
             counters.busy_poll_entries.get() > 0
@@ -525,14 +471,7 @@ mod tests {
         }
         let name = if uring { "t-pushback-u" } else { "t-pushback" };
         let wake = vmm_sys_util::eventfd::EventFd::new(libc::EFD_NONBLOCK).unwrap();
-        let worker = WorkerHandle::spawn(name.into(), wake, move |inbox| {
-            let port = PipePort::new(wr, uring);
-            Worker::new(0, Box::new(port), shared, inbox)
-                .unwrap()
-                .run()
-                .unwrap();
-        })
-        .unwrap();
+        let worker = on_worker(name, wake, PipePort::new(wr, uring), shared);
         worker.start(s.runtime);
         // The pipe holds about 32 frames: the worker fills it, then waits, without spinning.
         assert!(testkit::eventually(Duration::from_secs(5), || {
@@ -601,14 +540,7 @@ mod tests {
         call.to_eventfd().unwrap().write(u64::MAX - 1).unwrap();
         let name = "t-waits-broken";
         let wake = vmm_sys_util::eventfd::EventFd::new(libc::EFD_NONBLOCK).unwrap();
-        let worker = WorkerHandle::spawn(name.into(), wake, move |inbox| {
-            let port = PipePort::new(wr, false);
-            Worker::new(0, Box::new(port), shared, inbox)
-                .unwrap()
-                .run()
-                .unwrap();
-        })
-        .unwrap();
+        let worker = on_worker(name, wake, PipePort::new(wr, false), shared);
         worker.start(s.runtime);
         let broken = || counters.broken_reason().is_some();
         assert!(testkit::eventually(Duration::from_secs(5), broken));
@@ -652,14 +584,7 @@ mod tests {
         }
         let name = "t-host-err";
         let wake = vmm_sys_util::eventfd::EventFd::new(libc::EFD_NONBLOCK).unwrap();
-        let worker = WorkerHandle::spawn(name.into(), wake, move |inbox| {
-            let port = PipePort::new(wr, false);
-            Worker::new(0, Box::new(port), shared, inbox)
-                .unwrap()
-                .run()
-                .unwrap();
-        })
-        .unwrap();
+        let worker = on_worker(name, wake, PipePort::new(wr, false), shared);
         worker.start(s.runtime);
         assert!(testkit::eventually(Duration::from_secs(5), || {
             counters.host_pushback.get() > 0

@@ -31,10 +31,12 @@ pub mod tap;
 use std::io;
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::time::Instant;
 
 use vring::{Error as RingError, Features, Gather, GuestMemory, Segment};
 
 use crate::config::{BackendConfig, IoMode, MAX_MTU};
+use crate::queue::QueueRuntime;
 
 /// What became of one guest tx frame.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -104,6 +106,43 @@ pub trait Port: Send + 'static {
     /// A queue of the pair stopped (the frontend went away, or reset it): a port that holds
     /// guest frames of its own drops them.
     fn queue_stopped(&mut self) {}
+
+    /// Whether the port delivers into the pair's guest rx queue itself (a switch's port, into
+    /// which other ports' workers forward) rather than the pair's rx path.
+    fn adopts_rx(&self) -> bool {
+        false
+    }
+
+    /// Takes over the pair's guest rx queue (when [`Port::adopts_rx`]); returns the queue it
+    /// replaces.
+    fn adopt_rx(&mut self, q: QueueRuntime) -> Option<QueueRuntime> {
+        Some(q)
+    }
+
+    /// Gives back the rx queue [`Port::adopt_rx`] took, stopped.
+    fn release_rx(&mut self) -> Option<QueueRuntime> {
+        None
+    }
+
+    /// When the earliest call held back on a queue the port adopted is due.
+    fn next_call_deadline(&self) -> Option<Instant> {
+        None
+    }
+
+    /// Sends the calls held on queues the port adopted that are due at `now`.
+    fn fire_due_calls(&mut self, _now: Instant) {}
+
+    /// Whether the port forwards host frames itself ([`Port::forward`]) rather than into the
+    /// pair's rx queue: its fd is then watched whatever the guest's rx buffers.
+    fn forwards(&self) -> bool {
+        false
+    }
+
+    /// Forwards up to `budget` host frames itself (a switch's uplink, which delivers them to
+    /// the guests they are for); returns how many it handled.
+    fn forward(&mut self, _budget: usize) -> usize {
+        0
+    }
 
     /// The largest frame the port hands out with `features` negotiated (so its offloads
     /// set) on a link of `mtu`: what the rx path reads a frame into the guest's buffers for,

@@ -1,12 +1,13 @@
-//! Copying a frame from a buffer of ours into the guest's rx buffers: one frame merged over
-//! as many buffers as it takes ([`deliver`]), the same frame into one buffer each in bursts
-//! ([`deliver_burst`], the null generator), and the rest of a frame read straight into posted
-//! buffers that did not hold it ([`post_overflow`]).
+//! Copying a frame into the guest's rx buffers: from a buffer of ours, merged over as many
+//! buffers as it takes ([`deliver`]); in pieces, the rest straight from another guest's memory
+//! ([`deliver_pieces`], a switch forwarding between guests); the same frame into one buffer
+//! each in bursts ([`deliver_burst`], the null generator); and the rest of a frame read
+//! straight into posted buffers that did not hold it ([`post_overflow`]).
 
 use std::collections::VecDeque;
 
 use vnet::feature;
-use vring::{Chain, Error as RingError, Writer};
+use vring::{Chain, Error as RingError, Reader, Writer};
 
 use super::{
     Delivery, BURST, KEEP_SEGMENTS, MAX_FRAME_SEGMENTS, MAX_MERGED_BUFFERS, PREFETCH_LINES,
@@ -76,21 +77,25 @@ pub(super) fn deliver_burst(
     Ok(n)
 }
 
-pub(super) fn deliver(
-    shared: &Shared,
+/// How the chains popped for one frame came out.
+enum Popped {
+    /// The frame fits the first this many chains.
+    Fits(usize),
+    /// Too few buffers posted yet: nothing consumed.
+    NoRoom,
+    /// No buffers the guest can post will hold it: nothing consumed, dropped and counted.
+    Dropped,
+}
+
+/// Pops chains of `rx` into `chains` until their writable bytes hold `need` (merged when
+/// MRG_RXBUF is negotiated, else one chain must).
+fn pop_for(
     rx: &mut QueueRuntime,
-    frame: &mut [u8],
     chains: &mut Vec<Chain>,
+    need: u64,
     grown: &mut bool,
-) -> Result<Delivery, RingError> {
-    let features = rx.features();
-    let hdr_len = vnet::hdr_len(features);
-    if !shared.accepts(frame.get(hdr_len..).unwrap_or(&[])) {
-        rx.counters().filtered.add(1);
-        return Ok(Delivery::Dropped);
-    }
-    let mergeable = features.contains(feature::MRG_RXBUF);
-    let need = frame.len() as u64;
+) -> Result<Popped, RingError> {
+    let mergeable = rx.features().contains(feature::MRG_RXBUF);
     let max_buffers = MAX_MERGED_BUFFERS.min(rx.size() as usize);
     let mut have = 0u64;
     let mut used = 0usize;
@@ -100,14 +105,14 @@ pub(super) fn deliver(
             // More buffers than a frame may take, and still short: the frame cannot fit.
             rx.undo_pop(used as u16);
             rx.counters().dropped.add(1);
-            return Ok(Delivery::Dropped);
+            return Ok(Popped::Dropped);
         }
         if chains.len() <= used {
             chains.push(Chain::new());
         }
         if !rx.pop_into(&mut chains[used])? {
             rx.undo_pop(used as u16);
-            return Ok(Delivery::NoRoom);
+            return Ok(Popped::NoRoom);
         }
         if chains[used].writable_len() == 0 {
             return Err(RingError::NoWritableBytes {
@@ -121,7 +126,7 @@ pub(super) fn deliver(
             // Scattered over more segments than a frame may take: it cannot fit.
             rx.undo_pop(used as u16 + 1);
             rx.counters().dropped.add(1);
-            return Ok(Delivery::Dropped);
+            return Ok(Popped::Dropped);
         }
         have += chains[used].writable_len();
         used += 1;
@@ -130,10 +135,31 @@ pub(super) fn deliver(
             // the buffer for the next one.
             rx.undo_pop(1);
             rx.counters().dropped.add(1);
-            return Ok(Delivery::Dropped);
+            return Ok(Popped::Dropped);
         }
     }
-    if mergeable && frame.len() >= vnet::HDR_LEN {
+    Ok(Popped::Fits(used))
+}
+
+pub(super) fn deliver(
+    shared: &Shared,
+    rx: &mut QueueRuntime,
+    frame: &mut [u8],
+    chains: &mut Vec<Chain>,
+    grown: &mut bool,
+) -> Result<Delivery, RingError> {
+    let features = rx.features();
+    let hdr_len = vnet::hdr_len(features);
+    if !shared.accepts(frame.get(hdr_len..).unwrap_or(&[])) {
+        rx.counters().filtered.add(1);
+        return Ok(Delivery::Dropped);
+    }
+    let used = match pop_for(rx, chains, frame.len() as u64, grown)? {
+        Popped::Fits(used) => used,
+        Popped::NoRoom => return Ok(Delivery::NoRoom),
+        Popped::Dropped => return Ok(Delivery::Dropped),
+    };
+    if features.contains(feature::MRG_RXBUF) && frame.len() >= vnet::HDR_LEN {
         frame[vnet::NUM_BUFFERS_OFFSET as usize..vnet::HDR_LEN]
             .copy_from_slice(&(used as u16).to_le_bytes());
     }
@@ -144,6 +170,60 @@ pub(super) fn deliver(
         let n = Writer::new(rx.memory(), c.writable()).write(rest)?;
         rest = &rest[n..];
         rx.add_used_written(c, n as u32, i + 1 == used)?;
+    }
+    Ok(Delivery::Delivered)
+}
+
+/// A frame to deliver in pieces: its virtio-net header in the receiving queue's format
+/// (`num_buffers` is set here), the first bytes of the frame (its headers, copied and checked
+/// once), then the rest of it, read straight from another guest's memory: one copy from one
+/// guest's buffers into another's.
+#[derive(Debug)]
+pub struct Pieces<'a, 'm, 't> {
+    pub hdr: vnet::NetHdr,
+    pub prefix: &'a [u8],
+    pub rest: Option<Reader<'m, 't>>,
+}
+
+impl Pieces<'_, '_, '_> {
+    /// The frame's length after its header.
+    pub fn frame_len(&self) -> u64 {
+        self.prefix.len() as u64 + self.rest.as_ref().map_or(0, Reader::remaining)
+    }
+}
+
+/// Delivers `frame` (see [`Pieces`]) into `rx`, merging buffers as [`deliver`] does.
+pub(super) fn deliver_pieces(
+    shared: &Shared,
+    rx: &mut QueueRuntime,
+    mut frame: Pieces<'_, '_, '_>,
+    chains: &mut Vec<Chain>,
+    grown: &mut bool,
+) -> Result<Delivery, RingError> {
+    if !shared.accepts(frame.prefix) {
+        rx.counters().filtered.add(1);
+        return Ok(Delivery::Dropped);
+    }
+    let hdr_len = rx.hdr_len();
+    let used = match pop_for(rx, chains, hdr_len as u64 + frame.frame_len(), grown)? {
+        Popped::Fits(used) => used,
+        Popped::NoRoom => return Ok(Delivery::NoRoom),
+        Popped::Dropped => return Ok(Delivery::Dropped),
+    };
+    frame.hdr.num_buffers = used as u16;
+    let hdr = frame.hdr.to_bytes();
+    let (mut hdr, mut prefix) = (&hdr[..hdr_len], frame.prefix);
+    for (i, c) in chains[..used].iter().enumerate() {
+        let mut w = Writer::new(rx.memory(), c.writable());
+        let k = w.write(hdr)?;
+        hdr = &hdr[k..];
+        let k = w.write(prefix)?;
+        prefix = &prefix[k..];
+        if let Some(r) = frame.rest.as_mut() {
+            let room = w.remaining();
+            w.copy_from(r, room)?;
+        }
+        rx.add_used_written(c, w.written() as u32, i + 1 == used)?;
     }
     Ok(Delivery::Delivered)
 }

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::Worker;
+use super::{Pair, Worker};
 use crate::metrics::QueueCounters;
 use crate::poll::PollExit;
 use crate::poll::{BusyPoll, Check};
@@ -15,9 +15,11 @@ impl Worker {
     /// How long to poll now, in microseconds, by the first usable queue's setting; None:
     /// do not poll.
     pub(super) fn poll_budget(&mut self) -> Option<(u32, Arc<QueueCounters>)> {
-        let q = [self.tx.queue(), self.rx.queue()]
-            .into_iter()
+        let q = self
+            .pairs
+            .iter()
             .flatten()
+            .flat_map(Pair::queues)
             .find(|q| q.usable())?;
         let (counters, tunables) = (q.counters(), q.tunables());
         let us = match tunables.busy_poll() {
@@ -51,8 +53,7 @@ impl Worker {
         self.disarm_notifications();
         let deadline = Instant::now() + Duration::from_micros(us as u64);
         let switches = virtnet_sys::involuntary_switches();
-        let poll_rx = self.shared.config().poll_rx_from_tx;
-        let every_n = self.port.poll_every();
+        let poll_rx = self.config.poll_rx_from_tx;
         let mut spins = 0u32;
         let exit = loop {
             if self.inbox.pending() {
@@ -62,20 +63,12 @@ impl Worker {
                     PollExit::OtherWork
                 };
             }
-            if self.tx.pending() {
-                break PollExit::Hit;
-            }
-            let every = spins.is_multiple_of(every_n);
-            if self.tx.waits_port() && every && self.port.writable() {
-                break PollExit::Hit;
-            }
-            // Poll the host side for rx while waiting on tx, when the guest has posted
-            // buffers to receive into (and has posted more since rx last ran out of room).
-            let host_ready = poll_rx
-                && self.active()
-                && !self.rx.still_blocked()
-                && (self.rx.holds_frame() || (every && self.port.readable()));
-            if host_ready && self.rx.has_buffers() {
+            if self
+                .pairs
+                .iter_mut()
+                .flatten()
+                .any(|p| p.poll_hit(spins, poll_rx))
+            {
                 break PollExit::Hit;
             }
             spins = spins.wrapping_add(1);
