@@ -4,7 +4,8 @@
 //! number at once, each request and answer under a deadline.
 //!
 //! Requests: `{"cmd":"stats"}` and `{"cmd":"set-busy-poll","us":50,"queue":1}` (`us`: a
-//! timeout in microseconds, 0 off, or `"auto"`; `queue` optional: all queues).
+//! timeout in microseconds, 0 off, or `"auto"`; `queue` optional: all queues). A switch
+//! (`crate::switch::ctl`) also takes `ports`, `fdb`, `port-add` and `port-remove`.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -61,7 +62,22 @@ const METRICS: Bound = Bound {
 #[serde(tag = "cmd", rename_all = "kebab-case")]
 pub enum Request {
     Stats,
-    SetBusyPoll { us: BusyPoll, queue: Option<usize> },
+    SetBusyPoll {
+        us: BusyPoll,
+        queue: Option<usize>,
+    },
+    /// A switch's ports: their queues, workers and counters.
+    Ports,
+    /// A switch's MAC table.
+    Fdb,
+    /// Adds a port to a switch: `spec` as `virtnet switch --port` takes it.
+    PortAdd {
+        spec: String,
+    },
+    /// Removes a switch's port.
+    PortRemove {
+        name: String,
+    },
 }
 
 #[derive(Debug, Deserialize, Serialize)]
@@ -94,6 +110,9 @@ fn answer(device: &Device, line: &str) -> String {
             Ok(()) => serde_json::json!({ "ok": true }).to_string(),
             Err(e) => serde_json::json!({ "error": e }).to_string(),
         },
+        Ok(_) => {
+            serde_json::json!({ "error": "a switch's request; this is a backend" }).to_string()
+        }
         Err(e) => serde_json::json!({ "error": format!("bad request: {e}") }).to_string(),
     }
 }
@@ -101,13 +120,22 @@ fn answer(device: &Device, line: &str) -> String {
 /// Serves `virtnet ctl` clients on `listener`, each on a thread named `virtnet-ctl`, at most
 /// [`MAX_CTL_CLIENTS`] at once. Returns only if the listener fails for good.
 pub fn serve_ctl(device: Arc<Device>, listener: UnixListener) {
+    serve_lines(listener, move |line| answer(&device, line));
+}
+
+/// Serves ctl clients on `listener` as [`serve_ctl`] does, each request line answered by
+/// `answer` (a JSON line): the device's requests, or a switch's.
+pub fn serve_lines(
+    listener: UnixListener,
+    answer: impl Fn(&str) -> String + Send + Sync + 'static,
+) {
     endpoint::serve(listener.incoming(), CTL, move |client| {
-        serve_ctl_client(&device, client)
+        serve_ctl_client(&answer, client)
     });
 }
 
 /// Answers one ctl client's requests, one line each, until it closes or misses a deadline.
-fn serve_ctl_client(device: &Device, client: &mut Client<UnixStream>) {
+fn serve_ctl_client(answer: &dyn Fn(&str) -> String, client: &mut Client<UnixStream>) {
     let mut reader = BufReader::new(client);
     let mut line = Vec::new();
     loop {
@@ -131,7 +159,7 @@ fn serve_ctl_client(device: &Device, client: &mut Client<UnixStream>) {
             serde_json::json!({ "error": format!("request longer than {MAX_CTL_REQUEST} bytes") })
                 .to_string()
         } else {
-            answer(device, &String::from_utf8_lossy(&line))
+            answer(&String::from_utf8_lossy(&line))
         };
         let client = reader.get_mut();
         client.deadline_in(ANSWER);
@@ -146,19 +174,26 @@ fn serve_ctl_client(device: &Device, client: &mut Client<UnixStream>) {
 /// client on a thread named `virtnet-metrics`, at most [`MAX_METRICS_CLIENTS`] at once.
 /// Returns only if the listener fails for good.
 pub fn serve_metrics(device: Arc<Device>, listener: TcpListener) {
+    serve_metrics_with(listener, move || prometheus(&device.reports()));
+}
+
+/// Serves /metrics as [`serve_metrics`] does, the text rendered by `render` (a device's, or a
+/// switch's).
+pub fn serve_metrics_with(
+    listener: TcpListener,
+    render: impl Fn() -> String + Send + Sync + 'static,
+) {
     endpoint::serve(listener.incoming(), METRICS, move |client| {
-        serve_scrape(&device, client)
+        serve_scrape(&render, client)
     });
 }
 
 /// One HTTP exchange: the request head by [`HTTP_HEAD`], the answer, and the connection
 /// closed.
-fn serve_scrape(device: &Device, client: &mut Client<TcpStream>) {
+fn serve_scrape(render: &dyn Fn() -> String, client: &mut Client<TcpStream>) {
     client.deadline_in(HTTP_HEAD);
     let (status, body) = match read_head(client) {
-        Ok(Head::Complete(head)) if asks_for_metrics(&head) => {
-            ("200 OK", prometheus(&device.reports()))
-        }
+        Ok(Head::Complete(head)) if asks_for_metrics(&head) => ("200 OK", render()),
         Ok(Head::Complete(_)) => ("404 Not Found", "not found\n".to_string()),
         Ok(Head::TooLong) => (
             "431 Request Header Fields Too Large",

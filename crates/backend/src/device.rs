@@ -12,11 +12,12 @@ use super::config::{check_pairs, BackendConfig};
 use super::ctrlq::CtrlWorker;
 use super::host::{self, Port};
 use super::metrics::{QueueCounters, QueueReport};
+use super::pair::Pair;
 use super::poll::BusyPoll;
 use super::queue::QueueId;
 use super::shared::Shared;
 use super::thread::{PairHandle, StopTimedOut, WorkerHandle, PAIR_THREAD};
-use super::worker::{self, Pair, WorkerConfig};
+use super::worker::{self, WorkerConfig};
 
 /// Starts a worker of its own for pair `pair` on host port `port`.
 fn spawn_pair(pair: u16, port: Box<dyn Port>, shared: &Arc<Shared>) -> io::Result<PairHandle> {
@@ -107,6 +108,43 @@ impl Device {
             pairs,
             ctrl,
         }))
+    }
+
+    /// A device whose pairs run on `workers` (pair `p` on `workers[p % len]`, woken through
+    /// that worker's eventfd), each on the port `port(p, worker)` makes, with `control` its
+    /// port's control plane: a port of a switch, whose workers serve many devices.
+    pub fn on_workers(
+        config: BackendConfig,
+        control: Box<dyn host::Control>,
+        workers: &[Arc<WorkerHandle>],
+        mut port: impl FnMut(u16, usize) -> Box<dyn Port>,
+    ) -> io::Result<Arc<Device>> {
+        check_pairs(config.pairs)?;
+        if workers.is_empty() {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "no worker"));
+        }
+        if config.seccomp {
+            virtnet_sys::peer_fd::prepare_watchdog()?;
+        }
+        let on = |p: u16| p as usize % workers.len();
+        let wakes = (0..config.pairs)
+            .map(|p| workers[on(p)].wake().try_clone())
+            .collect::<io::Result<_>>()?;
+        let shared = Arc::new(Shared::with_wakes(config, control, wakes)?);
+        let pairs = (0..shared.config().pairs)
+            .map(|p| workers[on(p)].add_pair(Pair::new(p, port(p, on(p)), shared.clone())))
+            .collect();
+        let ctrl = spawn_ctrl(&shared)?;
+        Ok(Arc::new(Device {
+            shared,
+            pairs,
+            ctrl,
+        }))
+    }
+
+    /// The worker serving each pair, by pair.
+    pub fn pair_workers(&self) -> impl Iterator<Item = &Arc<WorkerHandle>> {
+        self.pairs.iter().map(PairHandle::worker)
     }
 
     pub fn shared(&self) -> &Arc<Shared> {

@@ -11,8 +11,9 @@
 //!   (NET_SET_MTU) and [`rarp`] (SEND_RARP, the announcement after a live migration);
 //! - [`device`]: the device and its worker threads;
 //! - [`ctrlq`]: the control virtqueue (spec 5.1.6.5) on its own thread;
-//! - [`worker`]: the data path of one queue pair (turns, busy polling, sleeping); [`poll`]:
-//!   the busy-poll setting and the auto policy;
+//! - [`worker`]: a data thread serving one or more queue pairs (turns, busy polling,
+//!   sleeping); [`pair`]: one pair as a worker serves it; [`poll`]: the busy-poll setting and
+//!   the auto policy;
 //! - [`tx`]: guest transmit to the host port (headers checked once, push-back); [`rx`]: guest
 //!   receive into posted buffers (the receive policy); [`turn`]: a queue's share of a turn;
 //! - [`host`]: the host ports (tap, null, echo, socket), passive, and their control plane;
@@ -43,6 +44,7 @@ pub mod host;
 pub mod intercept;
 pub mod metrics;
 pub mod mtu;
+pub mod pair;
 pub mod poll;
 pub mod queue;
 pub mod rarp;

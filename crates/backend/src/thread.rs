@@ -17,8 +17,8 @@ use vmm_sys_util::eventfd::EventFd;
 use super::error::Error;
 use vring::RingPosition;
 
+use super::pair::Pair;
 use super::queue::{QueueId, QueueRuntime};
-use super::worker::Pair;
 
 /// The name of each pair's worker thread, followed by the pair's number (how the board of
 /// pinned workers, `crate::siblings`, recognises another backend's worker).
@@ -156,6 +156,14 @@ impl WorkerHandle {
         // A non-blocking eventfd fails only when its counter would overflow, and then it is
         // readable already: the worker wakes either way.
         let _ = self.wake.write(1);
+    }
+
+    /// The worker's thread's name.
+    pub fn name(&self) -> &str {
+        self.thread
+            .as_ref()
+            .and_then(|t| t.thread().name())
+            .unwrap_or("")
     }
 
     /// Whether the worker's thread has ended. Before the handle is dropped it ends only if

@@ -29,10 +29,8 @@ use super::siblings::Sibling;
 use super::thread::{wait_events, Command, Inbox, WorkerHandle};
 
 mod busy_poll;
-mod pair;
 
-pub use pair::Pair;
-use pair::{untag, EV_HOST, EV_RX_KICK, EV_TX_KICK};
+use super::pair::{untag, Pair, EV_HOST, EV_RX_KICK, EV_TX_KICK};
 
 /// The epoll tags of the worker's own events (a pair's tags hold its slot, far below these).
 const EV_WAKE: u64 = u64::MAX;
