@@ -1,4 +1,4 @@
-//! `virtnet ctl`: talks to a running backend's control socket.
+//! `virtnet ctl`: talks to a running backend's, or switch's, control socket.
 
 use std::path::PathBuf;
 
@@ -25,12 +25,24 @@ enum CtlCommand {
         #[arg(long)]
         queue: Option<usize>,
     },
+    /// A switch's ports: queues, workers, counters, and the uplink's.
+    Ports,
+    /// A switch's MAC table.
+    Fdb,
+    /// Add a port to a running switch (SPEC as `virtnet switch --port` takes it).
+    PortAdd { spec: String },
+    /// Remove a switch's port.
+    PortRemove { name: String },
 }
 
 pub fn run(args: CtlArgs) -> Result<(), Box<dyn std::error::Error>> {
     let req = match args.command {
         CtlCommand::Stats => Request::Stats,
         CtlCommand::SetBusyPoll { us, queue } => Request::SetBusyPoll { us, queue },
+        CtlCommand::Ports => Request::Ports,
+        CtlCommand::Fdb => Request::Fdb,
+        CtlCommand::PortAdd { spec } => Request::PortAdd { spec },
+        CtlCommand::PortRemove { name } => Request::PortRemove { name },
     };
     let answer =
         request(&args.socket, &req).map_err(|e| format!("{}: {e}", args.socket.display()))?;

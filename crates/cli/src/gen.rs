@@ -36,7 +36,9 @@ pub struct GenArgs {
     size: usize,
     /// Send TSO (tcp) or USO (udp) super-frames of --size bytes for the device to segment
     /// (txonly): tcp needs CSUM and HOST_TSO4 (HOST_TSO6 with --ipv6), udp needs CSUM and
-    /// HOST_USO; the run stops with an error when the device does not offer them.
+    /// HOST_USO; the run stops with an error when the device does not offer them. With
+    /// rxonly: take such super-frames whole (asks for GUEST_CSUM and GUEST_TSO4/6 or
+    /// GUEST_USO4/6), as a guest receiving from a guest that sends them.
     #[arg(long, value_name = "tcp|udp")]
     gso: Option<Proto>,
     /// With --gso: payload bytes per segment (the header's gso_size). Default: what fills
@@ -85,6 +87,13 @@ pub struct GenArgs {
     /// devices that poll the rings).
     #[arg(long)]
     avail_per_burst: bool,
+    /// The frames' destination MAC (default: the device's own): another guest's, on a switch.
+    #[arg(long, value_parser = parse_mac)]
+    dst_mac: Option<[u8; 6]>,
+    /// The frames' source MAC (default 02:00:00:00:00:01): a switch port's own, under port
+    /// security.
+    #[arg(long, value_parser = parse_mac)]
+    src_mac: Option<[u8; 6]>,
     /// Seconds to keep retrying the connection.
     #[arg(long, default_value_t = 2.0)]
     connect_wait: f64,
@@ -98,6 +107,10 @@ pub struct GenArgs {
     /// With --reconnect: seconds after a loss to keep trying before the run fails.
     #[arg(long, default_value_t = 30.0, requires = "reconnect")]
     reconnect_limit: f64,
+}
+
+fn parse_mac(s: &str) -> Result<[u8; 6], String> {
+    vnet::parse_mac(s).ok_or_else(|| format!("{s}: expected six hex bytes like 52:54:00:12:34:56"))
 }
 
 fn seconds(s: f64, what: &str) -> Result<Duration, String> {
@@ -114,6 +127,8 @@ pub fn run(args: GenArgs) -> Result<(), Box<dyn std::error::Error>> {
             mss: args.mss,
             ipv6: args.ipv6,
         }),
+        dst_mac: args.dst_mac,
+        src_mac: args.src_mac,
         queues: args.queues,
         duration: seconds(args.duration, "duration")?,
         busy_poll: args.busy_poll,

@@ -16,6 +16,7 @@ use std::time::Instant;
 mod backend;
 mod ctl;
 mod gen;
+mod switch;
 
 use bench::experiments::{self, ExperimentReport, Options, Report};
 use clap::{Args, Parser, Subcommand};
@@ -42,6 +43,9 @@ enum Command {
     /// Under systemd it takes its socket by socket activation (LISTEN_FDS) and reports
     /// readiness to NOTIFY_SOCKET (READY=1, STOPPING=1); SIGTERM or SIGINT stops it cleanly.
     Backend(backend::BackendArgs),
+    /// Switch frames between guests, each on a vhost-user port, and a TAP uplink: a learning
+    /// L2 switch in one process, one copy per frame from guest to guest.
+    Switch(switch::SwitchArgs),
     /// Query or tune a running backend through its control socket.
     Ctl(ctl::CtlArgs),
     /// Generate traffic with our driver against a vhost-user-net backend and report rates.
@@ -123,6 +127,7 @@ fn main() -> ExitCode {
         Command::Backend(args) => report("backend", backend::run(args)),
         Command::Ctl(args) => report("ctl", ctl::run(args)),
         Command::Gen(args) => report("gen", gen::run(args)),
+        Command::Switch(args) => report("switch", switch::run(args)),
     }
 }
 

@@ -41,16 +41,23 @@
 //! # Ok::<(), SwitchError>(())
 //! ```
 
+pub mod core;
+pub mod ctl;
 pub mod error;
 pub mod fdb;
 pub mod filter;
+pub mod flow;
 pub mod forward;
+pub mod guest;
 pub mod mac;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod model;
 pub mod port;
+pub mod service;
+pub mod sink;
 mod table;
 pub mod tick;
+pub mod uplink;
 
 pub use error::SwitchError;
 pub use fdb::{
@@ -62,4 +69,5 @@ pub use forward::{
 };
 pub use mac::Mac;
 pub use port::{PortId, PortSet, MAX_PORTS};
+pub use service::{PortSpec, Switch, SwitchConfig};
 pub use tick::Tick;

@@ -5,7 +5,8 @@
 //! techniques' measurements (issue 5), each with the seed's published figure beside ours:
 //! [`event_idx`], [`used_batch`], [`busy_poll`], [`rx_from_tx`], [`ctrl`], [`tx_completion`];
 //! experiment 7 ([`poll_loads`]) takes busy polling's settings across loads, auto among
-//! them; [`common`] holds the in-process backend they share.
+//! them; experiment 8 ([`switch`]) sends from guest to guest through `virtnet switch`;
+//! [`common`] holds the in-process backend they share.
 
 pub mod busy_poll;
 pub mod common;
@@ -14,6 +15,7 @@ pub mod event_idx;
 pub mod poll_loads;
 pub mod ring;
 pub mod rx_from_tx;
+pub mod switch;
 pub mod tx_completion;
 pub mod used_batch;
 
@@ -70,6 +72,7 @@ pub const ALL: &[Experiment] = &[
     ctrl::EXPERIMENT,
     tx_completion::EXPERIMENT,
     poll_loads::EXPERIMENT,
+    switch::EXPERIMENT,
 ];
 
 /// The experiments numbered in `only`, in that order; all of them when `only` is empty.

@@ -46,7 +46,8 @@ impl std::str::FromStr for Mode {
     }
 }
 
-/// Super-frames to send (`--gso`): which segmentation offload, and the segment size.
+/// Super-frames to send (`--gso`), or in rxonly to take whole: which segmentation offload,
+/// and the segment size.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub struct GsoConfig {
     /// TCP (TSO: HOST_TSO4, or HOST_TSO6 with `ipv6`) or UDP (USO: HOST_USO).
@@ -107,8 +108,15 @@ pub struct GenConfig {
     /// Frame size in bytes (Ethernet header included, no FCS), as DPDK's --txpkts; with `gso`
     /// the super-frame's size.
     pub size: usize,
-    /// Send TSO or USO super-frames (txonly only).
+    /// Send TSO or USO super-frames (txonly), or take them whole (rxonly: GUEST_TSO or
+    /// GUEST_USO asked for).
     pub gso: Option<GsoConfig>,
+    /// The frames' destination MAC: default the device's own (config space), else
+    /// 02:00:00:00:00:02; another guest's on a switch.
+    pub dst_mac: Option<[u8; 6]>,
+    /// The frames' source MAC: default 02:00:00:00:00:01 (the tcp sink: the device's); on a
+    /// switch with port security, the port's.
+    pub src_mac: Option<[u8; 6]>,
     pub queues: u16,
     #[serde(serialize_with = "as_secs")]
     pub duration: Duration,
@@ -162,6 +170,8 @@ impl Default for GenConfig {
             mode: Mode::TxOnly,
             size: 64,
             gso: None,
+            dst_mac: None,
+            src_mac: None,
             queues: 1,
             duration: Duration::from_secs(10),
             busy_poll: false,
@@ -198,7 +208,16 @@ fn wanted_features(config: &GenConfig) -> Features {
         // The host side's super-frames come whole (the sink reads no checksum).
         f = f | feature::GUEST_CSUM | feature::GUEST_TSO4;
     }
-    if let Some(g) = config.gso {
+    if let (Some(g), Mode::RxOnly) = (config.gso, config.mode) {
+        // Super-frames come whole, their checksums unfinished.
+        f = f | feature::GUEST_CSUM;
+        f = f | match (g.proto, g.ipv6) {
+            (Proto::Tcp, false) => feature::GUEST_TSO4,
+            (Proto::Tcp, true) => feature::GUEST_TSO6,
+            (Proto::Udp, false) => feature::GUEST_USO4,
+            (Proto::Udp, true) => feature::GUEST_USO6,
+        };
+    } else if let Some(g) = config.gso {
         f = f | feature::CSUM;
         f = f | match (g.proto, g.ipv6) {
             (Proto::Tcp, false) => feature::HOST_TSO4,
@@ -226,8 +245,10 @@ pub(super) fn check_options(config: &GenConfig) -> Result<(), GenError> {
             config.size
         ))),
         None => Ok(()),
+        // rxonly: take super-frames whole (asks for the GUEST_ offload).
+        Some(_) if config.mode == Mode::RxOnly => Ok(()),
         Some(_) if config.mode != Mode::TxOnly => Err(GenError::Options(
-            "--gso sends super-frames in --mode txonly only".into(),
+            "--gso is for --mode txonly (send super-frames) or rxonly (take them whole)".into(),
         )),
         // The segment count is checked once the MTU is known (`tx_frame`).
         Some(g) => {

@@ -24,7 +24,8 @@ fn tx_frame(
     offloads: TxOffloads,
     mtu: u16,
 ) -> Result<(Vec<u8>, NetHdr, Option<GsoSummary>), GenError> {
-    let Some(g) = config.gso else {
+    // In rxonly, `gso` says which super-frames to take whole: nothing is sent.
+    let Some(g) = config.gso.filter(|_| config.mode == Mode::TxOnly) else {
         return Ok((
             frames::udp4_frame(config.size, dst, src, &[]),
             NetHdr::default(),
@@ -115,11 +116,14 @@ impl Session {
                 p.rx.attach_dim(dim);
             }
         }
-        let dst = driver.mac().unwrap_or([0x02, 0, 0, 0, 0, 0x02]);
+        let dst = config
+            .dst_mac
+            .unwrap_or_else(|| driver.mac().unwrap_or([0x02, 0, 0, 0, 0, 0x02]));
         // Frames go out from 02:00:00:00:00:01; the TCP sink answers as a guest would, from
         // the address the device gives (config space `mac`) where it gives one.
-        let src = match (config.mode, driver.mac()) {
-            (Mode::TcpSink, Some(mac)) => mac,
+        let src = match (config.src_mac, config.mode, driver.mac()) {
+            (Some(mac), _, _) => mac,
+            (None, Mode::TcpSink, Some(mac)) => mac,
             _ => [0x02, 0, 0, 0, 0, 0x01],
         };
         let offloads = TxOffloads::from_features(features);

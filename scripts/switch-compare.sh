@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# Guest to guest on one host (issue 39's benchmark). One DPDK testpmd is both guests: two
+# virtio-user ports, io forwarding (what one port receives goes out of the other), started
+# with `start tx_first 32`, so frames circulate between the two guests through the switch:
+#   A = virtnet switch, two ports (spoof-check off: testpmd sends from its own MACs), MAC
+#       learning, one worker
+#   B = DPDK testpmd with two net_vhost ports and io forwarding (no lookup at all)
+# The rate is the frames both guest ports receive per second, measured by testpmd over
+# --seconds after two of ramp-up. A/B/A/B in one run. The switch (or B's forwarder) on CPU 0,
+# the guests' forwarder on CPU 1.
+#
+# Usage: scripts/switch-compare.sh [--rounds N] [--seconds S] [--sizes "64 1500"]
+# Needs root and dpdk-dev (installed when missing). Prints a Markdown table.
+set -euo pipefail
+
+rounds=2
+seconds=6
+sizes="64 1500"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --rounds) rounds=$2; shift 2 ;;
+    --seconds) seconds=$2; shift 2 ;;
+    --sizes) sizes=$2; shift 2 ;;
+    *) echo "unknown option $1" >&2; exit 2 ;;
+  esac
+done
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+virtnet=${VIRTNET_BIN:-$root/target/release/virtnet}
+[ -x "$virtnet" ] || (cd "$root" && cargo build --release -p virtnet-cli >&2)
+command -v dpdk-testpmd >/dev/null || {
+  apt-get update >&2 && apt-get install -y --no-install-recommends dpdk-dev >&2
+}
+
+work=$(mktemp -d /tmp/vnt-sw-XXXX)
+pids=()
+cleanup() {
+  for p in "${pids[@]:-}"; do kill -INT "$p" 2>/dev/null || true; kill -TERM "$p" 2>/dev/null || true; done
+  sleep 1
+  for p in "${pids[@]:-}"; do kill -KILL "$p" 2>/dev/null || true; done
+  [ -n "${KEEP_LOGS:-}" ] && cp -r "$work" /tmp/vnt-sw-logs
+  rm -rf "$work" /var/run/dpdk/vnt-*
+}
+trap cleanup EXIT
+
+switch_virtnet() { # log
+  taskset -c 0 "$virtnet" switch --cpus 0 \
+    --port "name=a,socket=$work/a.sock,spoof-check=off" \
+    --port "name=b,socket=$work/b.sock,spoof-check=off" >"$1" 2>&1 &
+  pids+=($!)
+}
+switch_testpmd() { # log
+  dpdk-testpmd --lcores 0@1,1@0 --no-huge -m 1024 --no-pci --file-prefix vnt-sw \
+    --vdev "net_vhost0,iface=$work/a.sock,queues=1" \
+    --vdev "net_vhost1,iface=$work/b.sock,queues=1" -- --forward-mode=io \
+    --stats-period 1 >"$1" 2>&1 &
+  pids+=($!)
+}
+
+# The guests: interactive testpmd fed its commands with pauses; Rx-pps of both ports from the
+# last `show port stats all`, which covers the seconds since the one before.
+guests() { # size log
+  {
+    sleep 1
+    echo "start tx_first 32"
+    sleep 2
+    echo "show port stats all"
+    sleep "$seconds"
+    echo "show port stats all"
+    sleep 0.5
+    echo "quit"
+  } | dpdk-testpmd --lcores 0@0,1@1 --no-huge -m 1024 --no-pci --file-prefix vnt-guest \
+    --vdev "net_virtio_user0,path=$work/a.sock,queues=1" \
+    --vdev "net_virtio_user1,path=$work/b.sock,queues=1" -- -i --forward-mode=io \
+    --txpkts="$1" >"$2" 2>&1 || true
+}
+
+run() { # which size -> Mpps received by both guest ports
+  local which=$1 size=$2
+  rm -f "$work"/a.sock "$work"/b.sock
+  "switch_$which" "$work/sw.log"
+  for _ in $(seq 50); do [ -S "$work/b.sock" ] && break; sleep 0.1; done
+  sleep 2
+  guests "$size" "$work/guest.log"
+  cp "$work/guest.log" "$work/guest-$which-$size-$RANDOM.log"
+  if [ "$which" = virtnet ]; then kill -TERM "${pids[-1]}"; else kill -INT "${pids[-1]}"; fi 2>/dev/null || true
+  wait "${pids[-1]}" 2>/dev/null || true
+  unset 'pids[-1]'
+  rm -rf /var/run/dpdk/vnt-*
+  grep -o 'Rx-pps: *[0-9]*' "$work/guest.log" | awk '{print $2}' | tail -n 2 |
+    awk '{s += $1} END {printf "%.3f", s / 1e6}'
+}
+
+pick() { # median|max|min values...
+  local how=$1; shift
+  printf '%s\n' "$@" | sort -n | awk -v how="$how" '{v[NR]=$1}
+    END {print (how == "max") ? v[NR] : (how == "min") ? v[1] : v[int((NR+1)/2)]}'
+}
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN {if (b > 0) printf "%.2f", a / b; else print "n/a"}'; }
+
+echo "| frames | virtnet switch Mpps: median (each run) | testpmd vhost io fwd Mpps: median (each run) | ratio of medians | of bests | of worsts |"
+echo "|---|---|---|---|---|---|"
+for size in $sizes; do
+  a=(); b=()
+  for _ in $(seq "$rounds"); do
+    a+=("$(run virtnet "$size")")
+    b+=("$(run testpmd "$size")")
+  done
+  ma=$(pick median "${a[@]}"); mb=$(pick median "${b[@]}")
+  echo "| $size B | $ma (${a[*]}) | $mb (${b[*]}) | $(ratio "$ma" "$mb") |" \
+    "$(ratio "$(pick max "${a[@]}")" "$(pick max "${b[@]}")") |" \
+    "$(ratio "$(pick min "${a[@]}")" "$(pick min "${b[@]}")") |"
+done
