@@ -291,10 +291,14 @@ pub fn decide(ports: &Ports, fdb: &FdbRead<'_>, from: PortId, frame: Frame, now:
         counters.no_destination.add(1);
         return Decision::drop(DropReason::NoDestination, learn);
     }
-    let to: PortSet = candidates
-        .iter()
-        .filter(|p| ports.get(*p).is_some_and(|p| p.filter.accepts(frame.dst)))
-        .collect();
+    // Most filters take everything (promiscuous, the driver's default): only those that do
+    // not are looked at per destination.
+    let mut to = candidates;
+    for p in candidates.iter() {
+        if !ports.get(p).is_some_and(|p| p.filter.accepts(frame.dst)) {
+            to.remove(p);
+        }
+    }
     if to.is_empty() {
         counters.filtered.add(1);
         return Decision::drop(DropReason::Filtered, learn);
