@@ -352,15 +352,6 @@ mod tests {
             }
         }
 
-        fn recv(
-            &mut self,
-            _: &GuestMemory,
-            _: &[Segment],
-            _: &mut [u8],
-        ) -> Result<std::io::Result<usize>, RingError> {
-            Ok(Err(std::io::ErrorKind::WouldBlock.into()))
-        }
-
         fn readable(&self) -> bool {
             false
         }

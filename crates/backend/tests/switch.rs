@@ -80,18 +80,25 @@ fn receive(p: &mut Pair, count: usize, within: Duration) -> Vec<Vec<u8>> {
     got
 }
 
-#[test]
-fn guests_exchange_frames_byte_for_byte_and_ports_send_only_from_their_mac() {
-    let dir = temp_dir("switch-basic");
+/// A switch with ports vm1, vm2 and vm3 (MACs `MAC`), sockets in a directory named after
+/// `tag`, and our driver on each.
+fn three_guests(tag: &str) -> (testkit::inproc::TempDir, Arc<Switch>, Vec<Pair>) {
+    let dir = temp_dir(tag);
     let s = switch(1);
     let sock = |n: &str| dir.0.join(format!("{n}.sock"));
     for (k, n) in ["vm1", "vm2", "vm3"].iter().enumerate() {
         s.add_port(port(n, &sock(n), MAC[k])).unwrap();
     }
-    let mut g: Vec<Pair> = ["vm1", "vm2", "vm3"]
+    let g = ["vm1", "vm2", "vm3"]
         .iter()
         .map(|n| connect_socket(&sock(n), WANTED, 2048))
         .collect();
+    (dir, s, g)
+}
+
+#[test]
+fn guests_exchange_frames_byte_for_byte_and_ports_send_only_from_their_mac() {
+    let (_dir, s, mut g) = three_guests("switch-basic");
 
     // Unicast both ways, sizes from the smallest to a full MTU frame: byte for byte.
     let sizes = [60usize, 64, 65, 128, 1000, 1514];
@@ -154,16 +161,8 @@ fn guests_exchange_frames_byte_for_byte_and_ports_send_only_from_their_mac() {
 
 #[test]
 fn a_guest_that_takes_no_frames_costs_its_senders_drops_not_a_stall() {
-    let dir = temp_dir("switch-stall");
-    let s = switch(1);
+    let (dir, s, mut g) = three_guests("switch-stall");
     let sock = |n: &str| dir.0.join(format!("{n}.sock"));
-    for (k, n) in ["vm1", "vm2", "vm3"].iter().enumerate() {
-        s.add_port(port(n, &sock(n), MAC[k])).unwrap();
-    }
-    let mut g: Vec<Pair> = ["vm1", "vm2", "vm3"]
-        .iter()
-        .map(|n| connect_socket(&sock(n), WANTED, 2048))
-        .collect();
     // vm2 never polls its rx ring: after its 256 buffers fill, every frame for it is dropped.
     // vm1 sends 5000 to vm2, then 100 to vm3, which all arrive.
     let to2: Vec<Vec<u8>> = (0..5000).map(|i| frame(MAC[1], MAC[0], i, 64)).collect();

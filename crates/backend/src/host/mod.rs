@@ -88,13 +88,16 @@ pub trait Port: Send + 'static {
     ) -> Result<(), RingError>;
 
     /// Reads the next host frame, virtio-net header first: into `segs` of `mem`, then `tail`
-    /// for what they cannot hold. Returns its length; `WouldBlock` (inner) when none waits.
+    /// for what they cannot hold. Returns its length; `WouldBlock` (inner) when none waits,
+    /// always for a port that never has frames for the guest (the default).
     fn recv(
         &mut self,
-        mem: &GuestMemory,
-        segs: &[Segment],
-        tail: &mut [u8],
-    ) -> Result<io::Result<usize>, RingError>;
+        _mem: &GuestMemory,
+        _segs: &[Segment],
+        _tail: &mut [u8],
+    ) -> Result<io::Result<usize>, RingError> {
+        Ok(Err(io::ErrorKind::WouldBlock.into()))
+    }
 
     /// The frame the port gives again and again, built for a header of `hdr_len` bytes (the
     /// null generator): the rx path copies it into the guest's buffers in bursts instead of

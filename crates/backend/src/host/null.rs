@@ -1,10 +1,8 @@
 //! The `null` port: guest tx is dropped, guest rx is filled with one generated frame over and
 //! over, as fast as the guest posts buffers. It measures the data path without a host below.
 
-use std::io;
-
 use vnet::NetHdr;
-use vring::{Error as RingError, Gather, GuestMemory, Segment};
+use vring::{Error as RingError, Gather, GuestMemory};
 
 use super::{Port, Sent};
 
@@ -64,15 +62,6 @@ impl Port for NullPort {
     ) -> Result<(), RingError> {
         sent.resize(sent.len() + frames.len(), Sent::Taken);
         Ok(())
-    }
-
-    fn recv(
-        &mut self,
-        _mem: &GuestMemory,
-        _segs: &[Segment],
-        _tail: &mut [u8],
-    ) -> Result<io::Result<usize>, RingError> {
-        Ok(Err(io::ErrorKind::WouldBlock.into()))
     }
 
     /// The generated frame, rebuilt when the header length changes.

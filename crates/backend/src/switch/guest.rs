@@ -4,13 +4,12 @@
 //! sender's memory into each destination's buffers. Its rx queue is not the pair's own rx
 //! path: the port adopts it into the pair's [`Sink`], into which any worker forwards.
 
-use std::io;
 use std::os::fd::RawFd;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use vnet::{NetHdr, HDR_LEN};
-use vring::{Error as RingError, Gather, GuestMemory, Reader, Segment};
+use vring::{Error as RingError, Gather, GuestMemory, Reader};
 
 use super::core::{Inbound, Scratch, SwitchCore};
 use super::flow::PREFIX;
@@ -126,16 +125,6 @@ impl Port for GuestPort {
             Some((_, e)) => Err(e),
             None => Ok(()),
         }
-    }
-
-    fn recv(
-        &mut self,
-        _mem: &GuestMemory,
-        _segs: &[Segment],
-        _tail: &mut [u8],
-    ) -> Result<io::Result<usize>, RingError> {
-        // Frames for the guest go into its sink, from whichever worker forwards them.
-        Ok(Err(io::ErrorKind::WouldBlock.into()))
     }
 
     fn adopts_rx(&self) -> bool {

@@ -12,7 +12,7 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::sync::{Arc, Mutex};
 
 use vnet::NetHdr;
-use vring::{Error as RingError, GuestMemory, Segment};
+use vring::{Error as RingError, GuestMemory};
 
 use super::core::{tap_gather, Inbound, Scratch, SwitchCore};
 use super::port::PortId;
@@ -179,15 +179,6 @@ impl Port for UplinkPort {
     ) -> Result<(), RingError> {
         // No guest queues: nothing is ever sent to it.
         Ok(())
-    }
-
-    fn recv(
-        &mut self,
-        _mem: &GuestMemory,
-        _segs: &[Segment],
-        _tail: &mut [u8],
-    ) -> Result<io::Result<usize>, RingError> {
-        Ok(Err(io::ErrorKind::WouldBlock.into()))
     }
 
     fn poll_every(&self) -> u32 {
