@@ -303,7 +303,7 @@ mod tests {
     use std::io::Read;
     use std::os::fd::{AsFd, OwnedFd, RawFd};
 
-    use vring::{Error as RingError, Features, Gather, GuestMemory, Segment};
+    use vring::{Error as RingError, Features, Gather, GuestMemory};
 
     use super::*;
     use crate::host::{Port, Sent};
