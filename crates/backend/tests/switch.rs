@@ -21,6 +21,13 @@ const MAC: [[u8; 6]; 3] = [
     [0x52, 0x54, 0, 0, 0, 3],
 ];
 
+/// The tests of this file one at a time: each looks at its switch's worker thread by name.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn switch(workers: usize) -> Arc<Switch> {
     Switch::start(SwitchConfig {
         workers: vec![None; workers],
@@ -98,6 +105,7 @@ fn three_guests(tag: &str) -> (testkit::inproc::TempDir, Arc<Switch>, Vec<Pair>)
 
 #[test]
 fn guests_exchange_frames_byte_for_byte_and_ports_send_only_from_their_mac() {
+    let _serial = serial();
     let (_dir, s, mut g) = three_guests("switch-basic");
 
     // Unicast both ways, sizes from the smallest to a full MTU frame: byte for byte.
@@ -167,6 +175,7 @@ fn guests_exchange_frames_byte_for_byte_and_ports_send_only_from_their_mac() {
 
 #[test]
 fn a_guest_that_takes_no_frames_costs_its_senders_drops_not_a_stall() {
+    let _serial = serial();
     let (dir, s, mut g) = three_guests("switch-stall");
     let sock = |n: &str| dir.0.join(format!("{n}.sock"));
     // vm2 never polls its rx ring: after its 256 buffers fill, every frame for it is dropped.
@@ -208,5 +217,197 @@ fn a_guest_that_takes_no_frames_costs_its_senders_drops_not_a_stall() {
     let mut g3 = connect_socket(&sock("vm3"), WANTED, 2048);
     send_all(&mut g[0], &to3);
     assert_eq!(receive(&mut g3, 100, Duration::from_secs(5)), to3);
+    s.shutdown();
+}
+
+/// Sends `frames` from `p` as [`send_all`] does, each with header `hdr`.
+fn send_with(p: &mut Pair, frames: &[Vec<u8>], hdr: NetHdr) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    for f in frames {
+        while !p.tx.send(f, hdr).unwrap() {
+            p.tx.flush();
+            assert!(Instant::now() < deadline, "tx never had room");
+            p.tx.wait_wake(10).unwrap();
+        }
+    }
+    p.tx.flush();
+}
+
+/// vm2 and vm3 exchange 100 frames each way, byte for byte: the switch still serves them.
+fn others_still_talk(g: &mut [Pair]) {
+    let _ = receive(&mut g[1], usize::MAX, Duration::from_millis(200));
+    let _ = receive(&mut g[2], usize::MAX, Duration::from_millis(200));
+    let to3: Vec<Vec<u8>> = (0..100).map(|i| frame(MAC[2], MAC[1], i, 200)).collect();
+    send_all(&mut g[1], &to3);
+    assert_eq!(receive(&mut g[2], 100, Duration::from_secs(5)), to3);
+    let to2: Vec<Vec<u8>> = (0..100).map(|i| frame(MAC[1], MAC[2], i, 200)).collect();
+    send_all(&mut g[2], &to2);
+    assert_eq!(receive(&mut g[1], 100, Duration::from_secs(5)), to2);
+}
+
+/// The MAC table's entries on port `name`.
+fn fdb_entries_on(s: &Switch, port: usize) -> usize {
+    let fdb = serde_json::to_value(s.core().fdb_show()).unwrap();
+    fdb["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["port"] == port)
+        .count()
+}
+
+#[test]
+fn a_mac_flooding_guest_is_held_to_its_learn_limit_and_evicts_nobody() {
+    let _serial = serial();
+    let dir = temp_dir("switch-macflood");
+    let s = switch(1);
+    let sock = |n: &str| dir.0.join(format!("{n}.sock"));
+    // vm1 may send from other sources (a guest that bridges): its learning is bounded.
+    let mut flooder = port("vm1", &sock("vm1"), MAC[0]);
+    flooder.spoof_check = false;
+    s.add_port(flooder).unwrap();
+    s.add_port(port("vm2", &sock("vm2"), MAC[1])).unwrap();
+    s.add_port(port("vm3", &sock("vm3"), MAC[2])).unwrap();
+    let mut g: Vec<Pair> = ["vm1", "vm2", "vm3"]
+        .iter()
+        .map(|n| connect_socket(&sock(n), WANTED, 2048))
+        .collect();
+    // 20,000 frames from as many random sources, to vm2.
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let flood: Vec<Vec<u8>> = (0..20_000)
+        .map(|i| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let mut src = x.to_le_bytes()[..6].try_into().unwrap();
+            let src: &mut [u8; 6] = &mut src;
+            src[0] = (src[0] & 0xfe) | 0x02; // unicast, locally administered
+            frame(MAC[1], *src, i, 64)
+        })
+        .collect();
+    let rss = |s: &str| {
+        std::fs::read_to_string("/proc/self/status")
+            .unwrap()
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix(s)
+                    .map(|v| v.trim().trim_end_matches(" kB").parse::<u64>().unwrap())
+            })
+            .unwrap()
+    };
+    let before = rss("VmRSS:");
+    send_all(&mut g[0], &flood[..10_000]);
+    let mid = rss("VmRSS:");
+    send_all(&mut g[0], &flood[10_000..]);
+    let after = rss("VmRSS:");
+    // The flooder learned at most its limit; vm2's and vm3's own MACs are still theirs.
+    let learned = fdb_entries_on(&s, 1);
+    assert!((1..=257).contains(&learned), "vm1 holds {learned} entries");
+    assert_eq!(fdb_entries_on(&s, 2), 1);
+    assert_eq!(fdb_entries_on(&s, 3), 1);
+    // The second 10,000 sources took no memory the first did not (the table is fixed).
+    assert!(after <= mid + 1024, "RSS {before} -> {mid} -> {after} KiB");
+    others_still_talk(&mut g);
+    s.shutdown();
+}
+
+#[test]
+fn a_broadcast_storm_malformed_headers_and_a_broken_ring_leave_the_others_talking() {
+    let _serial = serial();
+    let (_dir, s, mut g) = three_guests("switch-storm");
+    // A broadcast storm from vm1: vm2 and vm3 do not read meanwhile; their rings fill and the
+    // rest is dropped on them.
+    let storm: Vec<Vec<u8>> = (0..20_000)
+        .map(|i| frame([0xff; 6], MAC[0], i, 64))
+        .collect();
+    send_all(&mut g[0], &storm);
+    let missed = |name: &str| {
+        let r = s
+            .reports()
+            .into_iter()
+            .find(|r| r.spec.name == name)
+            .unwrap();
+        serde_json::to_value(&r.queues[0]).unwrap()["rx_missed"]
+            .as_u64()
+            .unwrap()
+    };
+    assert!(missed("vm2") > 10_000 && missed("vm3") > 10_000);
+    others_still_talk(&mut g);
+
+    // Headers a driver must not send (TSO without a segment size, a checksum start past the
+    // frame): refused by vm1's tx path, counted, never delivered.
+    let bad = [
+        NetHdr {
+            gso_type: vnet::HDR_GSO_TCPV4,
+            gso_size: 0,
+            flags: vnet::HDR_F_NEEDS_CSUM,
+            csum_start: 34,
+            csum_offset: 16,
+            hdr_len: 54,
+            ..NetHdr::default()
+        },
+        NetHdr {
+            flags: vnet::HDR_F_NEEDS_CSUM,
+            csum_start: 4000,
+            csum_offset: 6,
+            ..NetHdr::default()
+        },
+    ];
+    let f: Vec<Vec<u8>> = (0..10).map(|i| frame(MAC[1], MAC[0], i, 100)).collect();
+    for h in bad {
+        send_with(&mut g[0], &f, h);
+    }
+    assert!(receive(&mut g[1], 1, Duration::from_millis(300)).is_empty());
+    let vm1 = s
+        .reports()
+        .into_iter()
+        .find(|r| r.spec.name == "vm1")
+        .unwrap();
+    let tx = serde_json::to_value(&vm1.queues[1]).unwrap();
+    let refused: u64 = tx
+        .as_object()
+        .unwrap()
+        .iter()
+        .filter(|(k, _)| k.starts_with("hdr_"))
+        .map(|(_, v)| v.as_u64().unwrap_or(0))
+        .sum();
+    assert_eq!(refused, 20, "{tx}");
+
+    // vm1 breaks its tx ring (an avail head past the queue): its queue breaks, nobody else's.
+    let rings = g[0].conn.queues[1].config.rings();
+    let mem = &g[0].conn.mem;
+    let idx = {
+        let mut b = [0u8; 2];
+        mem.read(vring::GuestAddress(rings.avail.0 + 2), &mut b)
+            .unwrap();
+        u16::from_le_bytes(b)
+    };
+    let slot = rings.avail.0 + 4 + 2 * (idx % 256) as u64;
+    mem.write(vring::GuestAddress(slot), &999u16.to_le_bytes())
+        .unwrap();
+    mem.write(
+        vring::GuestAddress(rings.avail.0 + 2),
+        &idx.wrapping_add(1).to_le_bytes(),
+    )
+    .unwrap();
+    g[0].conn.queues[1].kick.signal().unwrap();
+    let broken = || {
+        let r = s
+            .reports()
+            .into_iter()
+            .find(|r| r.spec.name == "vm1")
+            .unwrap();
+        r.queues[1].counters.broken.clone()
+    };
+    assert!(testkit::eventually(Duration::from_secs(5), || broken().is_some()));
+    others_still_talk(&mut g);
+    // And the worker goes idle.
+    std::thread::sleep(Duration::from_millis(300));
+    let ticks = thread_cpu_ticks("virtnet-switch0");
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        thread_cpu_ticks("virtnet-switch0") <= ticks + 5,
+        "the worker spun"
+    );
     s.shutdown();
 }
