@@ -411,3 +411,58 @@ fn a_broadcast_storm_malformed_headers_and_a_broken_ring_leave_the_others_talkin
     );
     s.shutdown();
 }
+
+/// Two guests sending to a third at full rate for a second, each from its own thread, the
+/// third reading all the time: each gets a share of what the third received within 20% of
+/// the other's (the worker turns every pair up to vhost_net's weight).
+#[test]
+fn two_senders_to_one_guest_share_it_fairly() {
+    let _serial = serial();
+    let (_dir, s, g) = three_guests("switch-fair");
+    let mut g = g.into_iter();
+    let (mut a, mut b, mut c) = (g.next().unwrap(), g.next().unwrap(), g.next().unwrap());
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sender = |mut p: Pair, src: [u8; 6], stop: Arc<std::sync::atomic::AtomicBool>| {
+        std::thread::spawn(move || {
+            let f = frame(MAC[2], src, 0, 64);
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                for _ in 0..32 {
+                    if !p.tx.send(&f, NetHdr::default()).unwrap() {
+                        break;
+                    }
+                }
+                p.tx.flush();
+                if p.tx.is_stopped() {
+                    let _ = p.tx.wait_wake(1);
+                }
+            }
+            p
+        })
+    };
+    let ta = sender(a, MAC[0], stop.clone());
+    let tb = sender(b, MAC[1], stop.clone());
+    let mut from = [0u64; 2];
+    let until = Instant::now() + Duration::from_secs(1);
+    while Instant::now() < until {
+        c.rx.poll(
+            64,
+            PollMode::Napi,
+            Frames(|f: &[u8]| {
+                if f[6..12] == MAC[0] {
+                    from[0] += 1;
+                } else if f[6..12] == MAC[1] {
+                    from[1] += 1;
+                }
+            }),
+        )
+        .unwrap();
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    (a, b) = (ta.join().unwrap(), tb.join().unwrap());
+    let (lo, hi) = (from[0].min(from[1]) as f64, from[0].max(from[1]) as f64);
+    println!("vm3 received {} from vm1, {} from vm2", from[0], from[1]);
+    assert!(lo + hi > 10_000.0, "{from:?}");
+    assert!(lo >= 0.8 * hi, "unfair: {from:?}");
+    drop((a, b, c));
+    s.shutdown();
+}
