@@ -36,7 +36,8 @@ struct Cli {
 enum Command {
     /// Run the measurements: the ring engine against rust-vmm virtio-queue, then one experiment
     /// per technique (event index, batched used publish, busy polling, rx from tx, control
-    /// queue interrupts, tx completion); `--list` names them.
+    /// queue interrupts, tx completion), busy polling across loads, and guest to guest
+    /// through `virtnet switch`; `--list` names them.
     Bench(BenchArgs),
     /// Serve a vhost-user-net device to QEMU, DPDK virtio-user or our driver.
     ///
@@ -46,7 +47,7 @@ enum Command {
     /// Switch frames between guests, each on a vhost-user port, and a TAP uplink: a learning
     /// L2 switch in one process, one copy per frame from guest to guest.
     Switch(switch::SwitchArgs),
-    /// Query or tune a running backend through its control socket.
+    /// Query or tune a running backend or switch through its control socket.
     Ctl(ctl::CtlArgs),
     /// Generate traffic with our driver against a vhost-user-net backend and report rates.
     Gen(gen::GenArgs),

@@ -125,3 +125,46 @@ fn the_systemd_units_activate_the_backend_with_options_it_has() {
         "{ctl} outside /run/{runtime}"
     );
 }
+
+#[test]
+fn the_switch_unit_starts_the_switch_with_options_it_has_and_its_example_parses() {
+    let unit = read("systemd/virtnet-switch.service");
+    let service = settings(&unit);
+    assert_eq!(
+        setting(&service, "Type"),
+        "notify",
+        "readiness is sd_notify"
+    );
+    let exec: Vec<&str> = setting(&service, "ExecStart").split_whitespace().collect();
+    assert!(
+        exec[0].ends_with("/virtnet") && exec[1] == "switch",
+        "{exec:?}"
+    );
+    let help = stdout(Path::new(BIN), &["switch", "--help"]);
+    // The options of ExecStart and of the drop-in example in the unit's comments.
+    let example: String = unit
+        .lines()
+        .filter_map(|l| l.strip_prefix("#"))
+        .skip_while(|l| !l.contains("ExecStart=/usr/local/bin/virtnet switch"))
+        .take_while(|l| !l.trim().is_empty() && !l.contains("Ports can also"))
+        .collect::<Vec<_>>()
+        .join(" ");
+    assert!(example.contains("--port"), "the unit's example: {example}");
+    for option in exec
+        .iter()
+        .copied()
+        .chain(example.split_whitespace())
+        .filter(|a| a.starts_with("--"))
+    {
+        assert!(
+            help.contains(&format!("{option} ")),
+            "the unit uses {option}, which `virtnet switch` lacks"
+        );
+    }
+    let ctl = exec[exec.iter().position(|a| *a == "--ctl").unwrap() + 1];
+    let runtime = setting(&service, "RuntimeDirectory");
+    assert!(
+        ctl.starts_with(&format!("/run/{runtime}/")),
+        "{ctl} outside /run/{runtime}"
+    );
+}
