@@ -5,17 +5,22 @@
 # rates of each run. One core per side: the device on CPU 0, the driver on CPU 1.
 #
 # Usage: scripts/dpdk-compare.sh [--rounds N] [--seconds S] [--busy-poll-us US]
+#        [--sizes "64 1500"] [--directions "rx tx"]
 # Needs root and dpdk-dev (installed when missing). Prints a Markdown table.
 set -euo pipefail
 
 rounds=2
 seconds=8
 busy_poll_us=1000
+sizes="64 1500"
+directions="rx tx"
 while [ $# -gt 0 ]; do
   case "$1" in
     --rounds) rounds=$2; shift 2 ;;
     --seconds) seconds=$2; shift 2 ;;
     --busy-poll-us) busy_poll_us=$2; shift 2 ;;
+    --sizes) sizes=$2; shift 2 ;;
+    --directions) directions=$2; shift 2 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -97,8 +102,8 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN {if (b > 0) printf "%.2f", a / b; else 
 
 echo "| frames | direction | virtnet backend Mpps: median (each run) | DPDK vhost PMD Mpps: median (each run) | ratio of medians | of bests | of worsts |"
 echo "|---|---|---|---|---|---|---|"
-for size in 64 1500; do
-  for dir in rx tx; do
+for size in $sizes; do
+  for dir in $directions; do
     a=(); b=()
     for _ in $(seq "$rounds"); do
       a+=("$(run_device virtnet "$dir" "$size")")

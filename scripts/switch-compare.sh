@@ -5,22 +5,27 @@
 #   A = virtnet switch, two ports (spoof-check off: testpmd sends from its own MACs), MAC
 #       learning, one worker
 #   B = DPDK testpmd with two net_vhost ports and io forwarding (no lookup at all)
+#   with --bridge, also C = two `virtnet backend --tap` whose TAPs are ports of a Linux bridge
 # The rate is the frames both guest ports receive per second, measured by testpmd over
 # --seconds after two of ramp-up. A/B/A/B in one run. The switch (or B's forwarder) on CPU 0,
 # the guests' forwarder on CPU 1.
 #
-# Usage: scripts/switch-compare.sh [--rounds N] [--seconds S] [--sizes "64 1500"]
+# Usage: scripts/switch-compare.sh [--rounds N] [--seconds S] [--sizes "64 1500"] [--bridge]
+# SWITCH_CPUS (default 0) gives the switch's --cpus: 0,1 runs two workers, one sharing the
+# guests' CPU.
 # Needs root and dpdk-dev (installed when missing). Prints a Markdown table.
 set -euo pipefail
 
 rounds=2
 seconds=6
 sizes="64 1500"
+bridge=
 while [ $# -gt 0 ]; do
   case "$1" in
     --rounds) rounds=$2; shift 2 ;;
     --seconds) seconds=$2; shift 2 ;;
     --sizes) sizes=$2; shift 2 ;;
+    --bridge) bridge=1; shift ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -39,12 +44,13 @@ cleanup() {
   sleep 1
   for p in "${pids[@]:-}"; do kill -KILL "$p" 2>/dev/null || true; done
   [ -n "${KEEP_LOGS:-}" ] && cp -r "$work" /tmp/vnt-sw-logs
+  for l in vnswbr vnswa vnswb; do ip link del "$l" 2>/dev/null || true; done
   rm -rf "$work" /var/run/dpdk/vnt-*
 }
 trap cleanup EXIT
 
 switch_virtnet() { # log
-  taskset -c 0 "$virtnet" switch --cpus 0 \
+  taskset -c "${SWITCH_CPUS:-0}" "$virtnet" switch --cpus "${SWITCH_CPUS:-0}" \
     --port "name=a,socket=$work/a.sock,spoof-check=off" \
     --port "name=b,socket=$work/b.sock,spoof-check=off" >"$1" 2>&1 &
   pids+=($!)
@@ -55,6 +61,19 @@ switch_testpmd() { # log
     --vdev "net_vhost1,iface=$work/b.sock,queues=1" -- --forward-mode=io \
     --stats-period 1 >"$1" 2>&1 &
   pids+=($!)
+}
+
+# Two backends on TAPs in a bridge, their workers on CPU 0 (the last pid is the second's).
+switch_bridge() { # log
+  for t in a b; do
+    taskset -c 0 "$virtnet" backend --tap "vnsw$t" --socket-path "$work/$t.sock" \
+      --worker-cpu 0 --mac "52:54:00:00:5e:0$([ $t = a ] && echo 1 || echo 2)" >>"$1" 2>&1 &
+    pids+=($!)
+  done
+  for _ in $(seq 50); do [ -S "$work/b.sock" ] && break; sleep 0.1; done
+  ip link add vnswbr type bridge
+  for t in a b; do ip link set "vnsw$t" master vnswbr && ip link set "vnsw$t" up; done
+  ip link set vnswbr up
 }
 
 # The guests: interactive testpmd fed its commands with pauses; Rx-pps of both ports from the
@@ -83,9 +102,14 @@ run() { # which size -> Mpps received by both guest ports
   sleep 2
   guests "$size" "$work/guest.log"
   cp "$work/guest.log" "$work/guest-$which-$size-$RANDOM.log"
-  if [ "$which" = virtnet ]; then kill -TERM "${pids[-1]}"; else kill -INT "${pids[-1]}"; fi 2>/dev/null || true
-  wait "${pids[-1]}" 2>/dev/null || true
-  unset 'pids[-1]'
+  local n=1
+  [ "$which" = bridge ] && n=2
+  for _ in $(seq $n); do
+    if [ "$which" = testpmd ]; then kill -INT "${pids[-1]}"; else kill -TERM "${pids[-1]}"; fi 2>/dev/null || true
+    wait "${pids[-1]}" 2>/dev/null || true
+    unset 'pids[-1]'
+  done
+  for l in vnswbr vnswa vnswb; do ip link del "$l" 2>/dev/null || true; done
   rm -rf /var/run/dpdk/vnt-*
   grep -o 'Rx-pps: *[0-9]*' "$work/guest.log" | awk '{print $2}' | tail -n 2 |
     awk '{s += $1} END {printf "%.3f", s / 1e6}'
@@ -98,16 +122,22 @@ pick() { # median|max|min values...
 }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN {if (b > 0) printf "%.2f", a / b; else print "n/a"}'; }
 
-echo "| frames | virtnet switch Mpps: median (each run) | testpmd vhost io fwd Mpps: median (each run) | ratio of medians | of bests | of worsts |"
-echo "|---|---|---|---|---|---|"
+echo "| frames | virtnet switch Mpps: median (each run) | testpmd vhost io fwd Mpps: median (each run) | ratio of medians | of bests | of worsts |${bridge:+ two backends on a bridge Mpps | switch / bridge |}"
+echo "|---|---|---|---|---|---|${bridge:+---|---|}"
 for size in $sizes; do
-  a=(); b=()
+  a=(); b=(); c=()
   for _ in $(seq "$rounds"); do
     a+=("$(run virtnet "$size")")
     b+=("$(run testpmd "$size")")
+    [ -n "$bridge" ] && c+=("$(run bridge "$size")")
   done
   ma=$(pick median "${a[@]}"); mb=$(pick median "${b[@]}")
+  extra=
+  if [ -n "$bridge" ]; then
+    mc=$(pick median "${c[@]}")
+    extra=" $mc (${c[*]}) | $(ratio "$ma" "$mc") |"
+  fi
   echo "| $size B | $ma (${a[*]}) | $mb (${b[*]}) | $(ratio "$ma" "$mb") |" \
     "$(ratio "$(pick max "${a[@]}")" "$(pick max "${b[@]}")") |" \
-    "$(ratio "$(pick min "${a[@]}")" "$(pick min "${b[@]}")") |"
+    "$(ratio "$(pick min "${a[@]}")" "$(pick min "${b[@]}")") |$extra"
 done
