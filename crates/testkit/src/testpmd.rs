@@ -78,8 +78,20 @@ impl Testpmd {
         size: usize,
         lcores: &str,
     ) -> Result<Testpmd, String> {
+        Testpmd::start_virtio_user_with(socket, "", mode, size, lcores)
+    }
+
+    /// As [`Testpmd::start_virtio_user`], with more arguments for the virtio-user device
+    /// (`extra`, e.g. ",mac=52:54:00:00:00:01": its port's MAC, which txonly sends from).
+    pub fn start_virtio_user_with(
+        socket: &Path,
+        extra: &str,
+        mode: &str,
+        size: usize,
+        lcores: &str,
+    ) -> Result<Testpmd, String> {
         let prefix = super::unique_name("vuser");
-        let vdev = format!("net_virtio_user0,path={},queues=1", socket.display());
+        let vdev = format!("net_virtio_user0,path={},queues=1{extra}", socket.display());
         let mut cmd = command(&prefix, lcores, &vdev, mode);
         cmd.arg(format!("--txpkts={size}"));
         let proc =
