@@ -80,7 +80,7 @@ fn dpdk_virtio_user_and_our_driver_exchange_frames_through_the_switch() {
     let drops = report
         .iter()
         .find(|r| r.spec.name == "dpdk")
-        .and_then(|r| r.drops.clone());
+        .and_then(|r| r.drops);
     println!(
         "testpmd sent {}, our driver got {}, {} missed (ring full); dropped at testpmd's port: {drops:?}",
         sent.tx_packets,
