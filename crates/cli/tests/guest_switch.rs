@@ -1,8 +1,10 @@
-//! Two real Linux guests on `virtnet switch`: QEMU (TCG) boots two guests, each with
-//! `virtio-net-pci` on a port of one switch process (the binary, with its sandbox on), and they
-//! talk to each other with nothing else in the path: ping both ways, then iperf3 TCP from one
-//! to the other, whose super-frames (both guests negotiate TSO and checksum offload) cross the
-//! switch whole. The switch's per-port counters agree with what the guests counted.
+//! Real Linux guests on `virtnet switch` (the binary, with its sandbox on), QEMU under TCG:
+//! - two guests, each with `virtio-net-pci` on a port of one switch, talk with nothing else in
+//!   the path: ping both ways, then iperf3 TCP from one to the other, whose super-frames (both
+//!   negotiate TSO and checksum offload) cross the switch whole; the switch's per-port counters
+//!   agree with what the guests counted;
+//! - a guest reaches the host through the switch's TAP uplink (in a network namespace): ping,
+//!   iperf3 both ways.
 //!
 //! Needs root (QEMU's packages); skips with a printed reason otherwise
 //! (`VIRTNET_GUEST_REQUIRE=1` turns the skip into a failure). Recipe: docs/GUEST.md.
@@ -18,6 +20,9 @@ use testkit::report;
 const TEST: &str = "guest_switch";
 const MAC: [&str; 2] = ["52:54:00:00:00:01", "52:54:00:00:00:02"];
 const IP: [&str; 2] = ["10.99.0.1", "10.99.0.2"];
+
+/// Guests share two CPUs with everything else: one test of this file at a time.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// The switch process, killed on drop.
 struct SwitchProc(Child);
@@ -81,6 +86,7 @@ vn_result ping_loss "$(sed -n 's/.* \([0-9]*\)% packet loss.*/\1/p' /tmp/ping.tx
 
 #[test]
 fn two_linux_guests_ping_and_run_iperf3_through_virtnet_switch() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     if !packages::is_root() {
         packages::skip(TEST, "needs root (apt-get for QEMU)");
         return;
@@ -169,5 +175,124 @@ fn two_linux_guests_ping_and_run_iperf3_through_virtnet_switch() {
         "mean frame {} bytes: super-frames were segmented",
         bytes / rx0.max(1)
     );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A guest on `virtnet switch --uplink`, the switch and the host's end of the uplink in a
+/// network namespace: the guest pings the host's address on the TAP and runs iperf3 TCP to a
+/// server there and back (`-R`), its TSO super-frames going out of the uplink whole.
+#[test]
+fn a_linux_guest_reaches_the_host_through_the_switchs_tap_uplink() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    const TEST: &str = "guest_switch_uplink";
+    if !packages::is_root() {
+        packages::skip(
+            TEST,
+            "needs root (apt-get, network namespaces, TAP devices)",
+        );
+        return;
+    }
+    let mut wanted: Vec<packages::Requirement> = GUEST_REQUIREMENTS.to_vec();
+    wanted.push(packages::Requirement::command("ip", "iproute2"));
+    if let Err(reason) = packages::ensure(&wanted) {
+        packages::skip(TEST, &reason);
+        return;
+    }
+    let image = GuestImage::get().expect("guest image");
+    let dir = std::env::temp_dir().join(format!("virtnet-{TEST}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let ns = testkit::netns::NetNs::create("swq").expect("network namespace");
+    let tap = testkit::netns::TapSpec::for_backend();
+    ns.add_tap(&tap).expect("TAP");
+    let sock = dir.join("vm.sock");
+    let ctl_sock = dir.join("ctl.sock");
+    let port = format!("name=vm,socket={},mac={}", sock.display(), MAC[1]);
+    let bin = env!("CARGO_BIN_EXE_virtnet");
+    let uplink = format!("tap={}", tap.name);
+    let argv = [
+        bin,
+        "switch",
+        "--uplink",
+        &uplink,
+        "--port",
+        &port,
+        "--ctl",
+        ctl_sock.to_str().unwrap(),
+    ];
+    let _switch = ns
+        .spawn(&argv, Some(&dir.join("switch.log")))
+        .expect("virtnet switch");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !(sock.exists() && ctl_sock.exists()) {
+        assert!(Instant::now() < deadline, "the switch never listened");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    testkit::inproc::wait_tap_up(&ns, &tap.name);
+    let server = ns
+        .spawn(
+            &[
+                "iperf3",
+                "-s",
+                "-B",
+                "10.99.0.1",
+                "-p",
+                "5201",
+                "--forceflush",
+            ],
+            Some(&dir.join("iperf3.log")),
+        )
+        .expect("iperf3 server");
+    server
+        .out
+        .wait_for(0, Instant::now() + Duration::from_secs(10), |l| {
+            l.contains("Server listening")
+        })
+        .expect("iperf3 server listening");
+    let script = r#"
+ping -c 5 -i 0.2 -W 2 "$VN_PEER" > /tmp/ping.txt || true
+cat /tmp/ping.txt
+vn_result ping_loss "$(sed -n 's/.* \([0-9]*\)% packet loss.*/\1/p' /tmp/ping.txt)"
+mbps() { awk '/receiver/ { for (i = 2; i <= NF; i++) if ($i == "Mbits/sec") print $(i - 1) }' "$1"; }
+iperf3 -c "$VN_PEER" -p 5201 -t 3 -f m > /tmp/up.txt
+cat /tmp/up.txt
+vn_result up "$(mbps /tmp/up.txt)"
+iperf3 -c "$VN_PEER" -p 5201 -t 3 -f m -R > /tmp/down.txt
+cat /tmp/down.txt
+vn_result down "$(mbps /tmp/down.txt)"
+sleep 1
+"#;
+    let mut c = GuestConfig::vhost_user(&sock, script);
+    c.mac = Some(MAC[1].into());
+    let gdir = dir.join("vm");
+    std::fs::create_dir_all(&gdir).unwrap();
+    let run = Guest::start(image, c, &gdir)
+        .expect("QEMU")
+        .finish()
+        .expect("guest run");
+    report(&run.timing());
+    report(&format!("results: {:?}", run.results));
+    if run.script_rc != 0 {
+        let log = std::fs::read_to_string(dir.join("switch.log")).unwrap_or_default();
+        report(&format!("switch log:\n{log}"));
+    }
+    run.assert_script_ok();
+    assert_eq!(run.result("ping_loss"), Some("0"), "pings lost");
+    for way in ["up", "down"] {
+        let mbps: f64 = run
+            .result(way)
+            .and_then(|m| m.parse().ok())
+            .unwrap_or_else(|| panic!("no iperf3 figure {way}"));
+        report(&format!(
+            "iperf3 {way} through the uplink: {mbps} Mbit/s (TCG-bound)"
+        ));
+        assert!(mbps > 0.0);
+    }
+    let ports = ctl(&ctl_sock, "ports");
+    let out = ports["uplink"]["out"]["packets"].as_u64().unwrap();
+    let into = ports["uplink"]["in"]["packets"].as_u64().unwrap();
+    report(&format!("uplink: {out} frames out, {into} in"));
+    assert!(out > 1000 && into > 1000, "{ports}");
+    drop(server);
     let _ = std::fs::remove_dir_all(&dir);
 }
