@@ -68,6 +68,8 @@ pub struct GuestConfig {
     /// The guest will live-migrate: its memory is [`MIGRATION_PAD`] more than `memory_mb`, on
     /// the source and the destination alike.
     pub migratable: bool,
+    /// More properties of the virtio-net-pci device, e.g. ",guest_tso4=off,guest_csum=off".
+    pub device_extra: String,
 }
 
 /// What a guest that migrates gets on top of its `memory_mb`, so that its memory is not a
@@ -132,6 +134,7 @@ impl GuestConfig {
             incoming: None,
             paused: false,
             migratable: false,
+            device_extra: String::new(),
         }
     }
 
@@ -239,6 +242,7 @@ impl GuestConfig {
         if let Some(mtu) = self.host_mtu {
             device.push_str(&format!(",host_mtu={mtu}"));
         }
+        device.push_str(&self.device_extra);
         cmd.args(["-device", &device]);
         let monitor = match &self.monitor {
             Some(path) => format!("unix:{},server=on,wait=off", path.display()),
