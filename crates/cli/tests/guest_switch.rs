@@ -2,7 +2,8 @@
 //! - two guests, each with `virtio-net-pci` on a port of one switch, talk with nothing else in
 //!   the path: ping both ways, then iperf3 TCP from one to the other, whose super-frames (both
 //!   negotiate TSO and checksum offload) cross the switch whole; the switch's per-port counters
-//!   agree with what the guests counted;
+//!   agree with what the guests counted; the same with a receiver that takes no offload (the
+//!   switch segments in software), and with two queue pairs each (both pairs carry frames);
 //! - a guest reaches the host through the switch's TAP uplink (in a network namespace): ping,
 //!   iperf3 both ways.
 //!
@@ -13,7 +14,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use testkit::guest::{Guest, GuestConfig, GuestImage, GUEST_REQUIREMENTS};
+use testkit::guest::{Guest, GuestConfig, GuestImage, Netdev, GUEST_REQUIREMENTS};
 use testkit::packages;
 use testkit::report;
 
@@ -64,7 +65,7 @@ fn port_counter(ports: &serde_json::Value, name: &str, kind: &str, counter: &str
 
 /// The guest `k`'s script: wait until the other answers, then ping it; guest 0 serves one
 /// iperf3 run, guest 1 runs it.
-fn script(k: usize) -> String {
+fn script(k: usize, pairs: u16) -> String {
     let wait = r#"
 n=0
 until ping -c 1 -W 1 "$VN_PEER" > /dev/null 2>&1; do
@@ -75,18 +76,27 @@ cat /tmp/ping.txt
 vn_result ping_loss "$(sed -n 's/.* \([0-9]*\)% packet loss.*/\1/p' /tmp/ping.txt)"
 "#;
     if k == 0 {
-        format!("iperf3 -s -1 -p 5201 > /tmp/server.txt 2>&1 &\n{wait}\nwait\ncat /tmp/server.txt\nsleep 1\n")
-    } else {
-        format!(
-            "{wait}\nsleep 1\niperf3 -c \"$VN_PEER\" -p 5201 -t 3 -f m > /tmp/up.txt\ncat /tmp/up.txt\n\
-             vn_result mbps \"$(awk '/receiver/ {{ for (i = 2; i <= NF; i++) if ($i == \"Mbits/sec\") print $(i - 1) }}' /tmp/up.txt)\"\nsleep 1\n"
-        )
+        return format!(
+            "iperf3 -s -1 -p 5201 > /tmp/server.txt 2>&1 &\n{wait}\nwait\ncat /tmp/server.txt\nsleep 1\n"
+        );
     }
+    // With -P, the last "receiver" line is the sum of the streams.
+    let client = r#"
+sleep 1
+iperf3 -c "$VN_PEER" -p 5201 -t 3 -P STREAMS -f m > /tmp/up.txt
+cat /tmp/up.txt
+vn_result mbps "$(awk '/receiver/ { for (i = 2; i <= NF; i++) if ($i == "Mbits/sec") m = $(i - 1) } END { print m }' /tmp/up.txt)"
+sleep 1
+"#;
+    format!(
+        "{wait}{}",
+        client.replace("STREAMS", &(6 * pairs).to_string())
+    )
 }
 
 #[test]
 fn two_linux_guests_ping_and_run_iperf3_through_virtnet_switch() {
-    two_guests("", true);
+    two_guests("", true, 1);
 }
 
 /// The receiving guest (vm0) takes no offload (`guest_tso4=off,guest_tso6=off,guest_csum=off`,
@@ -98,12 +108,21 @@ fn a_guest_without_offloads_gets_the_other_guests_super_frames_segmented_in_soft
     two_guests(
         ",guest_tso4=off,guest_tso6=off,guest_ecn=off,guest_ufo=off,guest_csum=off",
         false,
+        1,
     );
 }
 
-/// Two guests on one switch; vm0's device has `receiver_extra` properties, and takes
-/// super-frames whole (`whole`) or segmented.
-fn two_guests(receiver_extra: &str, whole: bool) {
+/// Two queue pairs on each port and two vCPUs in each guest, twelve iperf3 streams (that all
+/// hash to one pair of two has odds of 1 in 2048): the switch spreads the flows over the
+/// receiver's pairs by their hash, and each pair carries frames.
+#[test]
+fn guests_with_two_queue_pairs_each_use_both_through_the_switch() {
+    two_guests("", true, 2);
+}
+
+/// Two guests on one switch, `pairs` queue pairs each (and as many vCPUs); vm0's device has
+/// `receiver_extra` properties, and takes super-frames whole (`whole`) or segmented.
+fn two_guests(receiver_extra: &str, whole: bool, pairs: u16) {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     if !packages::is_root() {
         packages::skip(TEST, "needs root (apt-get for QEMU)");
@@ -123,8 +142,10 @@ fn two_guests(receiver_extra: &str, whole: bool) {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_virtnet"));
     cmd.arg("switch").arg("--ctl").arg(&ctl_sock);
     for (k, mac) in MAC.iter().enumerate() {
-        cmd.arg("--port")
-            .arg(format!("name=vm{k},socket={},mac={mac}", sock(k).display()));
+        cmd.arg("--port").arg(format!(
+            "name=vm{k},socket={},mac={mac},queues={pairs}",
+            sock(k).display()
+        ));
     }
     let _switch = SwitchProc(
         cmd.stdout(Stdio::null())
@@ -140,7 +161,14 @@ fn two_guests(receiver_extra: &str, whole: bool) {
 
     let guests: Vec<Guest> = (0..2)
         .map(|k| {
-            let mut c = GuestConfig::vhost_user(&sock(k), &script(k));
+            let mut c = GuestConfig::vhost_user(&sock(k), &script(k, pairs));
+            c.netdev = Netdev::VhostUser {
+                socket: sock(k),
+                queues: pairs,
+                reconnect_secs: None,
+                server: false,
+            };
+            c.cpus = u32::from(pairs);
             c.ip = format!("{}/24", IP[k]);
             c.mac = Some(MAC[k].into());
             c.env = vec![("vn_peer".into(), IP[1 - k].into())];
@@ -190,6 +218,23 @@ fn two_guests(receiver_extra: &str, whole: bool) {
     );
     // With TSO on both, the iperf3 stream crossed as super-frames (far fewer frames than
     // 1448-byte segments would take); without, every frame vm0 got fits its MTU.
+    if pairs > 1 {
+        let per_queue: Vec<u64> = ports["ports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|p| p["name"] == "vm0")
+            .flat_map(|p| p["queues"].as_array().unwrap())
+            .filter(|q| q["kind"] == "rx")
+            .map(|q| q["packets"].as_u64().unwrap_or(0))
+            .collect();
+        report(&format!("vm0's rx queues: {per_queue:?}"));
+        assert_eq!(per_queue.len(), pairs as usize);
+        assert!(
+            per_queue.iter().all(|&n| n > 100),
+            "a pair idle: {per_queue:?}"
+        );
+    }
     let bytes = port_counter(&ports, "vm0", "rx", "bytes");
     let mean = bytes / rx0.max(1);
     if whole {
