@@ -466,3 +466,63 @@ fn two_senders_to_one_guest_share_it_fairly() {
     drop((a, b, c));
     s.shutdown();
 }
+
+/// A guest that migrated announces its MAC with a RARP (as QEMU makes the backend do on
+/// SEND_RARP, `rarp::frame`): the MAC moves to its new port at once, though it was seen on the
+/// old one a moment before (no move hold for an announcement), and unicast to it follows.
+#[test]
+fn a_rarp_moves_a_mac_to_its_new_port_at_once() {
+    let _serial = serial();
+    let dir = temp_dir("switch-rarp");
+    let s = switch(1);
+    let sock = |n: &str| dir.0.join(format!("{n}.sock"));
+    // vm1 and vm3 may send from other MACs (the migrating guest's is neither port's own).
+    for (k, n) in ["vm1", "vm2", "vm3"].iter().enumerate() {
+        let mut spec = port(n, &sock(n), MAC[k]);
+        spec.spoof_check = k == 1;
+        s.add_port(spec).unwrap();
+    }
+    let mut g: Vec<Pair> = ["vm1", "vm2", "vm3"]
+        .iter()
+        .map(|n| connect_socket(&sock(n), WANTED, 2048))
+        .collect();
+    let moving = [0x52, 0x54, 0, 0xaa, 0xbb, 0xcc];
+    // The guest behind vm1 sends from `moving`: learned there.
+    send_all(&mut g[0], &[frame(MAC[1], moving, 0, 64)]);
+    assert_eq!(receive(&mut g[1], 1, Duration::from_secs(5)).len(), 1);
+    let on = |s: &Switch| {
+        let fdb = serde_json::to_value(s.core().fdb_show()).unwrap();
+        fdb["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["mac"] == "52:54:00:aa:bb:cc")
+            .map(|e| e["port"].as_u64().unwrap())
+    };
+    assert_eq!(on(&s), Some(1));
+    // It migrates behind vm3 and announces itself there.
+    let rarp = virtnet_backend::rarp::frame(moving).to_vec();
+    send_all(&mut g[2], std::slice::from_ref(&rarp));
+    // (The RARP floods to vm1 and vm2 once the worker has taken it.)
+    assert_eq!(
+        receive(&mut g[1], 1, Duration::from_secs(5)),
+        std::slice::from_ref(&rarp)
+    );
+    // Learning follows the batch's deliveries: a moment after.
+    assert!(
+        testkit::eventually(Duration::from_secs(1), || on(&s) == Some(3)),
+        "the RARP moved the MAC at once: it is on port {:?}",
+        on(&s)
+    );
+    // vm2's unicast to it now reaches vm3, not vm1.
+    let _ = receive(&mut g[0], usize::MAX, Duration::from_millis(200));
+    let _ = receive(&mut g[2], usize::MAX, Duration::from_millis(200));
+    let to = frame(moving, MAC[1], 1, 100);
+    send_all(&mut g[1], std::slice::from_ref(&to));
+    assert_eq!(
+        receive(&mut g[2], 1, Duration::from_secs(5)),
+        std::slice::from_ref(&to)
+    );
+    assert!(receive(&mut g[0], 1, Duration::from_millis(200)).is_empty());
+    s.shutdown();
+}
