@@ -25,12 +25,8 @@ while [ $# -gt 0 ]; do
   esac
 done
 
-root=$(cd "$(dirname "$0")/.." && pwd)
-virtnet=${VIRTNET_BIN:-$root/target/release/virtnet}
-[ -x "$virtnet" ] || (cd "$root" && cargo build --release -p virtnet-cli >&2)
-command -v dpdk-testpmd >/dev/null || {
-  apt-get update >&2 && apt-get install -y --no-install-recommends dpdk-dev >&2
-}
+. "$(dirname "$0")/compare-lib.sh"
+need_testpmd
 
 work=$(mktemp -d /tmp/vnt-dpdk-XXXX)
 pids=()
@@ -89,16 +85,6 @@ run_device() { # which dir size -> Mpps seen by the DPDK driver
   awk -v r="$(median_rate "$work/drv.log" "$field")" 'BEGIN {printf "%.3f", r / 1e6}'
 }
 
-# The rates of one pair jump between two or three levels from run to run and even within a
-# run (on AMD EPYC vCPUs by up to 3x, for DPDK's device as for ours), so besides the ratio of
-# the medians the table gives the ratio of the best runs and of the worst runs: each compares
-# the two devices at the same level when both had a run there.
-pick() { # median|max|min values...
-  local how=$1; shift
-  printf '%s\n' "$@" | sort -n | awk -v how="$how" '{v[NR]=$1}
-    END {print (how == "max") ? v[NR] : (how == "min") ? v[1] : v[int((NR+1)/2)]}'
-}
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN {if (b > 0) printf "%.2f", a / b; else print "n/a"}'; }
 
 echo "| frames | direction | virtnet backend Mpps: median (each run) | DPDK vhost PMD Mpps: median (each run) | ratio of medians | of bests | of worsts |"
 echo "|---|---|---|---|---|---|---|"

@@ -30,12 +30,8 @@ while [ $# -gt 0 ]; do
   esac
 done
 
-root=$(cd "$(dirname "$0")/.." && pwd)
-virtnet=${VIRTNET_BIN:-$root/target/release/virtnet}
-[ -x "$virtnet" ] || (cd "$root" && cargo build --release -p virtnet-cli >&2)
-command -v dpdk-testpmd >/dev/null || {
-  apt-get update >&2 && apt-get install -y --no-install-recommends dpdk-dev >&2
-}
+. "$(dirname "$0")/compare-lib.sh"
+need_testpmd
 
 work=$(mktemp -d /tmp/vnt-sw-XXXX)
 pids=()
@@ -115,12 +111,6 @@ run() { # which size -> Mpps received by both guest ports
     awk '{s += $1} END {printf "%.3f", s / 1e6}'
 }
 
-pick() { # median|max|min values...
-  local how=$1; shift
-  printf '%s\n' "$@" | sort -n | awk -v how="$how" '{v[NR]=$1}
-    END {print (how == "max") ? v[NR] : (how == "min") ? v[1] : v[int((NR+1)/2)]}'
-}
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN {if (b > 0) printf "%.2f", a / b; else print "n/a"}'; }
 
 echo "| frames | virtnet switch Mpps: median (each run) | testpmd vhost io fwd Mpps: median (each run) | ratio of medians | of bests | of worsts |${bridge:+ two backends on a bridge Mpps | switch / bridge |}"
 echo "|---|---|---|---|---|---|${bridge:+---|---|}"

@@ -95,9 +95,7 @@ guest_mac=52:54:00:12:34:56
 our_tap=vntc0
 dpdk_tap=vntd0
 
-root=$(cd "$(dirname "$0")/.." && pwd)
-virtnet=${VIRTNET_BIN:-$root/target/release/virtnet}
-[ -x "$virtnet" ] || (cd "$root" && cargo build --release -p virtnet-cli >&2)
+. "$(dirname "$0")/compare-lib.sh"
 missing=()
 command -v dpdk-testpmd >/dev/null || missing+=(dpdk-dev)
 command -v trafgen >/dev/null || missing+=(netsniff-ng)
@@ -475,12 +473,6 @@ run_tcp_loopback() {
   awk '{print $2}' "$work/sender.log" >"$work/result"
 }
 
-pick() { # median|max|min values...
-  local how=$1; shift
-  printf '%s\n' "$@" | sort -n | awk -v how="$how" '{v[NR]=$1}
-    END {print (how == "max") ? v[NR] : (how == "min") ? v[1] : v[int((NR+1)/2)]}'
-}
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN {if (b > 0) printf "%.2f", a / b; else print "n/a"}'; }
 
 cpu=$(awk -F': ' '/^model name/ {print $2; exit}' /proc/cpuinfo)
 echo "CPU: $cpu ($(nproc) CPUs), Linux $(uname -r). Device on CPU $dev_cpu, guest on CPU $guest_cpu, trafgen on CPU $gen_cpu; $rounds round(s) of $seconds s; $(date -u +%Y-%m-%dT%H:%MZ)."
