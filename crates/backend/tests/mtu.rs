@@ -88,12 +88,7 @@ fn datagram_to_guest(ns: &NetNs, tap: &TapSpec, p: &mut Pair, len: usize) -> Vec
 
 #[test]
 fn the_mtu_is_the_taps_and_net_set_mtu_changes_it() {
-    if !packages::is_root() {
-        packages::skip(TEST, "needs root (network namespaces, TAP devices)");
-        return;
-    }
-    if let Err(reason) = packages::ensure(&[packages::Requirement::command("ip", "iproute2")]) {
-        packages::skip(TEST, &reason);
+    if !packages::netns_ready(TEST) {
         return;
     }
     let ns = NetNs::create(TEST).expect("network namespace");

@@ -72,12 +72,7 @@ fn rarp_socket(ns: &NetNs, ifname: &str) -> OwnedFd {
 
 #[test]
 fn send_rarp_broadcasts_the_guests_mac_out_of_the_tap() {
-    if !packages::is_root() {
-        packages::skip(TEST, "needs root (network namespaces, TAP devices)");
-        return;
-    }
-    if let Err(reason) = packages::ensure(&[packages::Requirement::command("ip", "iproute2")]) {
-        packages::skip(TEST, &reason);
+    if !packages::netns_ready(TEST) {
         return;
     }
     let ns = NetNs::create("rarp").expect("network namespace");

@@ -67,12 +67,7 @@ fn udp_to_host(dst_mac: [u8; 6], payload: &[u8]) -> Vec<u8> {
 
 #[test]
 fn the_stack_behind_the_uplink_and_a_guest_exchange_datagrams() {
-    if !packages::is_root() {
-        packages::skip(TEST, "needs root (network namespaces, TAP devices)");
-        return;
-    }
-    if let Err(reason) = packages::ensure(&[packages::Requirement::command("ip", "iproute2")]) {
-        packages::skip(TEST, &reason);
+    if !packages::netns_ready(TEST) {
         return;
     }
     let ns = NetNs::create("swup").expect("network namespace");

@@ -32,12 +32,7 @@ const GUEST_MAC: &str = "52:54:00:12:34:56";
 /// A namespace with the backend's TAP and a neighbour entry for the guest; None (and a
 /// printed reason) without root or `ip`.
 fn setup() -> Option<(NetNs, TapSpec)> {
-    if !packages::is_root() {
-        packages::skip(TEST, "needs root (network namespaces, TAP devices)");
-        return None;
-    }
-    if let Err(reason) = packages::ensure(&[packages::Requirement::command("ip", "iproute2")]) {
-        packages::skip(TEST, &reason);
+    if !packages::netns_ready(TEST) {
         return None;
     }
     let ns = NetNs::create("tapdel").expect("network namespace");

@@ -25,12 +25,7 @@ const PORT: u16 = 9100;
 const FRAMES: usize = 2000;
 
 fn setup(tag: &str) -> Option<(NetNs, TapSpec)> {
-    if !packages::is_root() {
-        packages::skip(TEST, "needs root (network namespaces, TAP devices)");
-        return None;
-    }
-    if let Err(reason) = packages::ensure(&[packages::Requirement::command("ip", "iproute2")]) {
-        packages::skip(TEST, &reason);
+    if !packages::netns_ready(TEST) {
         return None;
     }
     let ns = NetNs::create(tag).expect("network namespace");

@@ -58,12 +58,7 @@ fn scribble(mem: &GuestMemory, desc: u64, size: u16, stop: &AtomicBool) -> u64 {
 
 #[test]
 fn the_tap_gets_the_tx_header_that_was_checked_while_the_guest_rewrites_it() {
-    if !packages::is_root() {
-        packages::skip(TEST, "needs root (network namespaces, TAP devices)");
-        return;
-    }
-    if let Err(reason) = packages::ensure(&[packages::Requirement::command("ip", "iproute2")]) {
-        packages::skip(TEST, &reason);
+    if !packages::netns_ready(TEST) {
         return;
     }
     let ns = NetNs::create("race").expect("network namespace");

@@ -33,12 +33,7 @@ fn send(p: &mut Pair, hdr: NetHdr, n: u32) {
 
 #[test]
 fn invalid_tx_headers_never_reach_the_tap_and_are_counted_by_reason() {
-    if !packages::is_root() {
-        packages::skip(TEST, "needs root (network namespaces, TAP devices)");
-        return;
-    }
-    if let Err(reason) = packages::ensure(&[packages::Requirement::command("ip", "iproute2")]) {
-        packages::skip(TEST, &reason);
+    if !packages::netns_ready(TEST) {
         return;
     }
     let ns = NetNs::create("hdr").expect("network namespace");

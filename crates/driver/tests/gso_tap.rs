@@ -54,18 +54,6 @@ fn pattern(i: usize) -> u8 {
     (i % 251) as u8 ^ (i / 251) as u8
 }
 
-fn skip_unless_root(test: &str) -> bool {
-    if !packages::is_root() {
-        packages::skip(test, "needs root (network namespaces, TAP devices)");
-        return true;
-    }
-    if let Err(reason) = packages::ensure(&[packages::Requirement::command("ip", "iproute2")]) {
-        packages::skip(test, &reason);
-        return true;
-    }
-    false
-}
-
 /// A namespace that forwards from `vngso0` (where frames are written) to `vngso1` (where
 /// the segments are read), IPv4 and IPv6.
 struct Rig {
@@ -353,7 +341,7 @@ fn check_segments(flow: &Flow, sent: &[u8], mss: usize, segs: &[Vec<u8>]) -> Res
 #[test]
 fn tso_and_uso_super_frames_are_segmented_by_the_kernel_exactly() {
     const TEST: &str = "gso_tap::segmented";
-    if skip_unless_root(TEST) {
+    if !packages::netns_ready(TEST) {
         return;
     }
     let rig = Rig::new("gsoseg");
@@ -397,7 +385,7 @@ fn tso_and_uso_super_frames_are_segmented_by_the_kernel_exactly() {
 #[test]
 fn uso_datagrams_reach_a_udp_socket_whole() {
     const TEST: &str = "gso_tap::udp_socket";
-    if skip_unless_root(TEST) {
+    if !packages::netns_ready(TEST) {
         return;
     }
     let rig = Rig::new("gsoudp");
@@ -440,7 +428,7 @@ fn uso_datagrams_reach_a_udp_socket_whole() {
 #[test]
 fn the_kernel_refuses_bad_gso_headers_and_a_nic_style_checksum_fails_the_check() {
     const TEST: &str = "gso_tap::refused";
-    if skip_unless_root(TEST) {
+    if !packages::netns_ready(TEST) {
         return;
     }
     let rig = Rig::new("gsobad");
@@ -502,7 +490,7 @@ fn the_kernel_refuses_bad_gso_headers_and_a_nic_style_checksum_fails_the_check()
 #[test]
 fn gen_sends_tso_and_uso_super_frames_through_our_backend_into_a_tap() {
     const TEST: &str = "gso_tap::gen_backend";
-    if skip_unless_root(TEST) {
+    if !packages::netns_ready(TEST) {
         return;
     }
     let ns = NetNs::create("gsogen").expect("network namespace");
@@ -637,7 +625,7 @@ fn gen_tcp_sink_takes_a_host_tcp_stream_in_super_frames_through_our_backend() {
     // backend's used batch, so every frame's buffers must be published together.
     const TEST: &str = "gso_tap::tcp_sink";
     const BYTES: usize = 48 << 20;
-    if skip_unless_root(TEST) {
+    if !packages::netns_ready(TEST) {
         return;
     }
     let ns = NetNs::create("tcpsink").expect("network namespace");

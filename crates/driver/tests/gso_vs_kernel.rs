@@ -53,18 +53,6 @@ fn pattern(i: usize) -> u8 {
     (i % 251) as u8 ^ (i / 251) as u8
 }
 
-fn skip_unless_root(test: &str) -> bool {
-    if !packages::is_root() {
-        packages::skip(test, "needs root (network namespaces, TAP devices)");
-        return true;
-    }
-    if let Err(reason) = packages::ensure(&[packages::Requirement::command("ip", "iproute2")]) {
-        packages::skip(test, &reason);
-        return true;
-    }
-    false
-}
-
 /// Two TAPs on a bridge in a namespace of their own.
 struct Bridge {
     _ns: NetNs,
@@ -358,7 +346,7 @@ fn compare(bridge: &Bridge, csum: Csum) -> usize {
 #[test]
 fn vnet_gso_cuts_and_checksums_as_the_kernel_does_byte_for_byte() {
     const TEST: &str = "gso_vs_kernel";
-    if skip_unless_root(TEST) {
+    if !packages::netns_ready(TEST) {
         return;
     }
     let bridge = Bridge::new("gsocmp");
@@ -381,7 +369,7 @@ fn vnet_gso_cuts_and_checksums_as_the_kernel_does_byte_for_byte() {
 #[test]
 fn what_the_kernel_refuses_or_drops_vnet_gso_refuses() {
     const TEST: &str = "gso_vs_kernel::refused";
-    if skip_unless_root(TEST) {
+    if !packages::netns_ready(TEST) {
         return;
     }
     let bridge = Bridge::new("gsoref");

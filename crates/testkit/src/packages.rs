@@ -164,6 +164,20 @@ fn apt_get(args: &[&str]) -> Result<(), String> {
 
 /// Reports that `test` is skipped, and why. With `VIRTNET_GUEST_REQUIRE=1` in the environment
 /// (for CI, where the test must run), panics instead.
+/// Whether `test` can make network namespaces and TAP devices here (root, and `ip`, installed
+/// if missing); if not, it is skipped with the reason (see [`skip`]) and this is false.
+pub fn netns_ready(test: &str) -> bool {
+    if !is_root() {
+        skip(test, "needs root (network namespaces, TAP devices)");
+        return false;
+    }
+    if let Err(reason) = ensure(&[Requirement::command("ip", "iproute2")]) {
+        skip(test, &reason);
+        return false;
+    }
+    true
+}
+
 pub fn skip(test: &str, reason: &str) {
     if std::env::var("VIRTNET_GUEST_REQUIRE").is_ok_and(|v| v == "1") {
         panic!("{test}: cannot run and VIRTNET_GUEST_REQUIRE=1: {reason}");
