@@ -1,6 +1,6 @@
 //! A guest's queue pair as a port of the switch. Its tx frames (headers checked once by the
 //! tx path) are forwarded by the pair's own worker: each frame's header and first bytes copied
-//! once ([`flow::PREFIX`]), classified from the copy, and delivered from the copy and the
+//! once ([`super::flow::PREFIX`]), classified from the copy, and delivered from the copy and the
 //! sender's memory into each destination's buffers. Its rx queue is not the pair's own rx
 //! path: the port adopts it into the pair's [`Sink`], into which any worker forwards.
 

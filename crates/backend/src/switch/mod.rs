@@ -1,8 +1,18 @@
-//! `virtnet switch`'s forwarding core: the learning L2 switch that forwards frames between
-//! many vhost-user ports (each a guest's virtio-net device) and a TAP uplink, as a Linux
-//! bridge does. Pure logic, no I/O and no threads of its own: the callers (the ports'
-//! workers) pass in each frame's addresses and the time, and get back where it goes.
+//! `virtnet switch`: a learning L2 switch that forwards frames between many vhost-user ports
+//! (each a guest's virtio-net device, the backend's own) and a TAP uplink, as a Linux bridge
+//! does, one copy per frame from guest to guest.
 //!
+//! Running it (threads and I/O):
+//! - [`service`]: the running switch: its workers, the uplink's queues, the guest ports
+//!   (added and removed at run time, each served on its socket), aging; [`ctl`]: its answers
+//!   on `virtnet ctl` and /metrics;
+//! - [`guest`]: a guest pair as a port (its tx frames forwarded by its own worker);
+//!   [`sink`]: a guest pair's rx queue, into which any worker delivers; [`uplink`]: the TAP;
+//! - [`core`]: one port's batch forwarded: decided, grouped by destination and pair,
+//!   delivered; [`flow`]: a frame's addresses and its flow hash, from its first bytes.
+//!
+//! The forwarding logic (pure, no I/O and no threads: the callers pass in each frame's
+//! addresses and the time, and get back where it goes):
 //! - [`fdb`]: the MAC learning table: learning, static entries, aging, moves, per-port
 //!   limits within a fixed capacity, and its read/write locking; `table`: its fixed-size
 //!   hash table;
