@@ -33,6 +33,12 @@ impl Summary {
         })
     }
 
+    /// Summarises the figures of runs that took place: at least one, or it panics (the
+    /// experiments call it with the runs they made).
+    pub fn of_runs(runs: impl IntoIterator<Item = f64>) -> Summary {
+        Summary::of(&runs.into_iter().collect::<Vec<_>>()).expect("at least one run")
+    }
+
     /// `median (min..max)` with `prec` decimals, or just the median for a single run.
     pub fn display(&self, prec: usize) -> String {
         if self.runs <= 1 {

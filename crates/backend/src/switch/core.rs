@@ -12,16 +12,15 @@
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Instant;
 
-use vnet::NetHdr;
-use vring::{Error as RingError, Gather, GuestMemory, Tail};
+use vring::Error as RingError;
 
 use super::fdb::{Fdb, FdbConfig, FdbShow, Learn};
-use super::flow;
+use super::flow::{self, Inbound};
 use super::forward::{decide, PortConfig, Ports, Verdict};
 use super::port::{PortId, PortSet, MAX_PORTS};
 use super::sink::{Outbound, Sink};
+use super::tap::UplinkQueue;
 use super::tick::Tick;
-use super::uplink::UplinkQueue;
 use super::SwitchError;
 use crate::host::Sent;
 use crate::shared::Shared;
@@ -36,20 +35,6 @@ pub enum Out {
     },
     /// The uplink: written by the forwarding worker into its own queue of the TAP.
     Uplink,
-}
-
-/// One frame a port sends into the switch.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Inbound<'a> {
-    /// Its virtio-net header (checked by the sender's tx path, or the kernel's).
-    pub hdr: NetHdr,
-    /// The header as the uplink's TAP takes it (12 bytes), then the frame's first bytes: a
-    /// copy, what the switch classifies and delivers. For the uplink's own frames, unused.
-    pub tap_head: &'a [u8],
-    /// The frame's first bytes (the copy's, after the header; or the uplink's frame whole).
-    pub prefix: &'a [u8],
-    /// The rest of the frame, in the sender's memory.
-    pub rest: Option<(&'a GuestMemory, Tail<'a>)>,
 }
 
 /// The scratch space of a worker's batches, kept for its allocations.
@@ -235,10 +220,4 @@ impl SwitchCore {
         }
         Ok(())
     }
-}
-
-/// The gather of frame `f` for the uplink's TAP: its header and first bytes from the copy,
-/// then the rest from the sender's memory.
-pub(super) fn tap_gather<'a>(f: &Inbound<'a>) -> Gather<'a> {
-    Gather::new(f.tap_head, f.rest.map(|(_, t)| t).unwrap_or_default())
 }

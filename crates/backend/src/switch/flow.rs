@@ -1,6 +1,10 @@
-//! What the switch reads of a frame, from the copy of its first bytes ([`PREFIX`]): its
-//! Ethernet addresses, whether it announces its source (RARP, gratuitous ARP), and a flow hash
-//! that keeps one flow's frames on one queue pair of their destination.
+//! A frame as the switch sees it ([`Inbound`]: its header, the copy of its first bytes
+//! ([`PREFIX`]), the rest in the sender's memory), and what it reads of one from that copy:
+//! its Ethernet addresses, whether it announces its source (RARP, gratuitous ARP), and a flow
+//! hash that keeps one flow's frames on one queue pair of their destination.
+
+use vnet::NetHdr;
+use vring::{Gather, GuestMemory, Tail};
 
 use super::forward::Frame;
 use super::mac::Mac;
@@ -10,6 +14,26 @@ use super::mac::Mac;
 /// What the switch classified is what it delivers: these bytes go to the destination from
 /// the copy, the rest straight from the sender's buffers.
 pub const PREFIX: usize = 64;
+
+/// One frame a port sends into the switch.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Inbound<'a> {
+    /// Its virtio-net header (checked by the sender's tx path, or the kernel's).
+    pub hdr: NetHdr,
+    /// The header as the uplink's TAP takes it (12 bytes), then the frame's first bytes: a
+    /// copy, what the switch classifies and delivers. For the uplink's own frames, unused.
+    pub tap_head: &'a [u8],
+    /// The frame's first bytes (the copy's, after the header; or the uplink's frame whole).
+    pub prefix: &'a [u8],
+    /// The rest of the frame, in the sender's memory.
+    pub rest: Option<(&'a GuestMemory, Tail<'a>)>,
+}
+
+/// The gather of frame `f` for the uplink's TAP: its header and first bytes from the copy,
+/// then the rest from the sender's memory.
+pub(super) fn tap_gather<'a>(f: &Inbound<'a>) -> Gather<'a> {
+    Gather::new(f.tap_head, f.rest.map(|(_, t)| t).unwrap_or_default())
+}
 
 const ETH_P_ARP: u16 = 0x0806;
 const ETH_P_RARP: u16 = 0x8035;

@@ -11,11 +11,11 @@ use std::time::Instant;
 use vnet::{NetHdr, HDR_LEN};
 use vring::{Error as RingError, Gather, GuestMemory, Reader};
 
-use super::core::{Inbound, Scratch, SwitchCore};
-use super::flow::PREFIX;
+use super::core::{Scratch, SwitchCore};
+use super::flow::{Inbound, PREFIX};
 use super::port::PortId;
 use super::sink::Sink;
-use super::uplink::UplinkQueue;
+use super::tap::UplinkQueue;
 use crate::host::{Port, Sent};
 use crate::queue::QueueRuntime;
 

@@ -7,9 +7,10 @@
 //!   (added and removed at run time, each served on its socket), aging; [`ctl`]: its answers
 //!   on `virtnet ctl` and /metrics;
 //! - [`guest`]: a guest pair as a port (its tx frames forwarded by its own worker);
-//!   [`sink`]: a guest pair's rx queue, into which any worker delivers; [`uplink`]: the TAP;
+//!   [`sink`]: a guest pair's rx queue, into which any worker delivers; [`uplink`] and
+//!   [`tap`]: the TAP uplink, reading and writing;
 //! - [`core`]: one port's batch forwarded: decided, grouped by destination and pair,
-//!   delivered; [`flow`]: a frame's addresses and its flow hash, from its first bytes.
+//!   delivered; [`flow`]: a frame as the switch sees it, its addresses and its flow hash.
 //!
 //! The forwarding logic (pure, no I/O and no threads: the callers pass in each frame's
 //! addresses and the time, and get back where it goes):
@@ -66,6 +67,7 @@ pub mod port;
 pub mod service;
 pub mod sink;
 mod table;
+pub mod tap;
 pub mod tick;
 pub mod uplink;
 

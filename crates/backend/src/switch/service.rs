@@ -21,14 +21,16 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use super::core::{Inbound, Out, Scratch, SwitchCore};
+use super::core::{Out, Scratch, SwitchCore};
 use super::fdb::FdbConfig;
+use super::flow::Inbound;
 use super::forward::PortConfig;
 use super::guest::GuestPort;
 use super::mac::Mac;
 use super::port::PortId;
 use super::sink::Sink;
-use super::uplink::{self, UplinkCounters, UplinkPort, UplinkQueue};
+use super::tap::{self, UplinkCounters, UplinkQueue};
+use super::uplink::UplinkPort;
 use super::SwitchError;
 use crate::config::BackendConfig;
 use crate::host::{Control, NoControl};
@@ -185,7 +187,7 @@ impl Switch {
         let core = Arc::new(SwitchCore::new(config.fdb).map_err(invalid)?);
         let n = config.workers.len().max(1);
         let taps = match &config.uplink {
-            Some(name) => Some(uplink::open(name, n)?),
+            Some(name) => Some(tap::open(name, n)?),
             None => None,
         };
         let counters = Arc::new(UplinkCounters::default());

@@ -1,11 +1,7 @@
-//! The switch's uplink: a multi-queue TAP, one queue per worker, as a Linux bridge's port to
-//! the host. Frames the switch sends out of it are written by the forwarding worker into its
-//! own queue ([`UplinkQueue`]); frames the host sends in are read by the worker's
-//! [`UplinkPort`] and forwarded to the guests they are for.
-//!
-//! The TAP carries 12-byte virtio-net headers (IFF_VNET_HDR) and takes the offloads a guest
-//! may send (checksum, TSO, USO): super-frames go out whole, and the kernel hands super-frames
-//! in, which each guest gets as it can take them (`Sink`).
+//! The switch's uplink, its reading side: frames the host sends in are read by each worker's
+//! [`UplinkPort`] from the worker's queue of the TAP and forwarded to the guests they are for
+//! (which get super-frames as they can take them: `Sink`). Its writing side and the TAP's
+//! queues are in [`super::tap`].
 
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
@@ -14,11 +10,12 @@ use std::sync::{Arc, Mutex};
 use vnet::NetHdr;
 use vring::{Error as RingError, GuestMemory};
 
-use super::core::{tap_gather, Inbound, Scratch, SwitchCore};
+use super::core::{Scratch, SwitchCore};
+use super::flow::Inbound;
 use super::port::PortId;
-use crate::host::{is_pushback, Port, Sent, MAX_RX_FRAME};
-use crate::metrics::QueueCounters;
-use virtnet_sys::tap::{TapOffloads, TapQueue};
+use super::tap::{UplinkCounters, UplinkQueue};
+use crate::host::{Port, Sent, MAX_RX_FRAME};
+use virtnet_sys::tap::TapQueue;
 
 /// Frames read from the TAP and forwarded at once, at most.
 const BATCH: usize = 64;
@@ -26,79 +23,6 @@ const BATCH: usize = 64;
 /// The bytes the uplink reads a batch into: room for [`BATCH`] frames, a 64 KiB super-frame
 /// always fitting after the last one.
 const ARENA: usize = 4 * MAX_RX_FRAME;
-
-/// The uplink's traffic, both ways.
-#[derive(Debug, Default)]
-pub struct UplinkCounters {
-    /// Frames the switch sent out of the TAP (`packets`, `bytes`), and those the TAP
-    /// refused (`dropped`: its send buffer full, or a frame it does not take).
-    pub out: QueueCounters,
-    /// Frames read from the TAP and forwarded (`packets`, `bytes`); `dropped`, those the
-    /// switch dropped (no destination, or too short to switch).
-    pub into: QueueCounters,
-}
-
-/// Opens `queues` queues of the TAP `name` for the switch's uplink, each with 12-byte headers
-/// and the offloads guests may send.
-pub fn open(name: &str, queues: usize) -> io::Result<Vec<TapQueue>> {
-    let mut out = Vec::new();
-    for _ in 0..queues {
-        let q = TapQueue::open(name)?;
-        q.set_vnet_hdr_len(vnet::HDR_LEN)?;
-        let uso = q.probe().uso;
-        q.set_offloads(TapOffloads {
-            csum: true,
-            tso4: true,
-            tso6: true,
-            ecn: true,
-            uso,
-        })?;
-        out.push(q);
-    }
-    Ok(out)
-}
-
-/// One worker's queue of the uplink TAP, for the frames its ports send out.
-#[derive(Debug)]
-pub struct UplinkQueue {
-    tap: TapQueue,
-    counters: Arc<UplinkCounters>,
-}
-
-impl UplinkQueue {
-    pub fn new(tap: TapQueue, counters: Arc<UplinkCounters>) -> UplinkQueue {
-        UplinkQueue { tap, counters }
-    }
-
-    /// Writes frames `which` of `frames` into the TAP, one writev each: the header and first
-    /// bytes from the copy, the rest from the sender's memory. A frame the TAP does not take
-    /// is dropped and counted (the sender's tx ring does not wait for the uplink: one slow
-    /// destination must not hold up the others). A segment outside the sender's memory is the
-    /// sender's error.
-    pub fn send(&mut self, frames: &[Inbound<'_>], which: &[usize]) -> Result<(), RingError> {
-        let c = &self.counters.out;
-        for &k in which {
-            let f = &frames[k];
-            let written = match f.rest {
-                Some((mem, _)) => self.tap.write_frame(mem, tap_gather(f))?,
-                None => self.tap.write(f.tap_head),
-            };
-            match written {
-                Ok(n) => {
-                    c.packets.add(1);
-                    c.bytes.add(n.saturating_sub(vnet::HDR_LEN) as u64);
-                }
-                Err(e) => {
-                    if is_pushback(&e) {
-                        c.host_pushback.add(1);
-                    }
-                    c.dropped.add(1);
-                }
-            }
-        }
-        Ok(())
-    }
-}
 
 /// The uplink as a worker serves it: a port with no guest queues, whose host frames the
 /// worker forwards ([`Port::forward`]).

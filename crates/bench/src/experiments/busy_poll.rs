@@ -184,10 +184,6 @@ fn contended(
     Ok((rates, stopped))
 }
 
-fn summary(v: impl Iterator<Item = f64>) -> Summary {
-    Summary::of(&v.collect::<Vec<_>>()).expect("runs")
-}
-
 pub fn measure(o: &Options, progress: Progress<'_>) -> Result<Results, BenchError> {
     let (secs, repeats) = if o.quick { (0.15, 1) } else { (0.8, 3) };
     let repeats = o.repeats.unwrap_or(repeats).max(1);
@@ -213,10 +209,12 @@ pub fn measure(o: &Options, progress: Progress<'_>) -> Result<Results, BenchErro
         .zip(sweep)
         .map(|(&busy_poll, runs)| SweepResult {
             busy_poll,
-            transactions_per_s: summary(runs.iter().map(|r| r.transactions as f64 / r.secs)),
-            p50_us: summary(runs.iter().map(|r| r.p50_us)),
-            p99_us: summary(runs.iter().map(|r| r.p99_us)),
-            device_cpu_us_per_transaction: summary(
+            transactions_per_s: Summary::of_runs(
+                runs.iter().map(|r| r.transactions as f64 / r.secs),
+            ),
+            p50_us: Summary::of_runs(runs.iter().map(|r| r.p50_us)),
+            p99_us: Summary::of_runs(runs.iter().map(|r| r.p99_us)),
+            device_cpu_us_per_transaction: Summary::of_runs(
                 runs.iter().map(|r| r.device_cpu_us_per_transaction),
             ),
             runs,
@@ -227,7 +225,7 @@ pub fn measure(o: &Options, progress: Progress<'_>) -> Result<Results, BenchErro
         .zip(cont)
         .map(|(&busy_poll, runs)| ContendedResult {
             busy_poll,
-            aggregate_transactions_per_s: summary(runs.iter().map(|(r, _)| r[0] + r[1])),
+            aggregate_transactions_per_s: Summary::of_runs(runs.iter().map(|(r, _)| r[0] + r[1])),
             busy_poll_contended: runs.iter().map(|(_, c)| *c).collect(),
             runs: runs.into_iter().map(|(r, _)| r).collect(),
         })

@@ -197,10 +197,6 @@ fn one(on: bool, secs: f64) -> Result<Run, BenchError> {
     })
 }
 
-fn summary(v: impl Iterator<Item = f64>) -> Summary {
-    Summary::of(&v.collect::<Vec<_>>()).expect("runs")
-}
-
 /// The host side of 4b: the other end of the backend's socket, on a thread of its own.
 struct Peer {
     stop: Arc<AtomicBool>,
@@ -344,10 +340,10 @@ pub fn measure(o: &Options, progress: Progress<'_>) -> Result<Results, BenchErro
         .zip(runs)
         .map(|(on, runs)| ModeResult {
             poll_rx_from_tx: on,
-            total_gbps: summary(runs.iter().map(|r| r.tx_gbps + r.rx_gbps)),
-            tx_gbps: summary(runs.iter().map(|r| r.tx_gbps)),
-            rx_gbps: summary(runs.iter().map(|r| r.rx_gbps)),
-            interrupts_per_packet: summary(runs.iter().map(|r| r.interrupts_per_packet)),
+            total_gbps: Summary::of_runs(runs.iter().map(|r| r.tx_gbps + r.rx_gbps)),
+            tx_gbps: Summary::of_runs(runs.iter().map(|r| r.tx_gbps)),
+            rx_gbps: Summary::of_runs(runs.iter().map(|r| r.rx_gbps)),
+            interrupts_per_packet: Summary::of_runs(runs.iter().map(|r| r.interrupts_per_packet)),
             runs,
         })
         .collect();
@@ -361,9 +357,9 @@ pub fn measure(o: &Options, progress: Progress<'_>) -> Result<Results, BenchErro
         .zip(window_runs)
         .map(|(&setting, runs)| WindowResult {
             setting,
-            tx_gbps: summary(runs.iter().map(|r| r.tx_gbps)),
-            window_mean_us: summary(runs.iter().map(|r| r.window_mean_us)),
-            interrupts_per_packet: summary(runs.iter().map(|r| r.interrupts_per_packet)),
+            tx_gbps: Summary::of_runs(runs.iter().map(|r| r.tx_gbps)),
+            window_mean_us: Summary::of_runs(runs.iter().map(|r| r.window_mean_us)),
+            interrupts_per_packet: Summary::of_runs(runs.iter().map(|r| r.interrupts_per_packet)),
             runs,
         })
         .collect();

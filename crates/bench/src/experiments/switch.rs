@@ -261,10 +261,6 @@ fn through_bridge(load: Load, secs: f64) -> Result<Run, BenchError> {
     r
 }
 
-fn summary(v: impl Iterator<Item = f64>) -> Summary {
-    Summary::of(&v.collect::<Vec<_>>()).expect("runs")
-}
-
 pub fn measure(o: &Options, progress: Progress<'_>) -> Result<Results, BenchError> {
     let (secs, repeats) = if o.quick { (0.3, 1) } else { (1.5, 3) };
     let repeats = o.repeats.unwrap_or(repeats).max(1);
@@ -293,8 +289,8 @@ pub fn measure(o: &Options, progress: Progress<'_>) -> Result<Results, BenchErro
             .map(|(path, load, runs)| PathResult {
                 path,
                 load,
-                mpps: summary(runs.iter().map(Run::mpps)),
-                gbps: summary(runs.iter().map(Run::gbps)),
+                mpps: Summary::of_runs(runs.iter().map(Run::mpps)),
+                gbps: Summary::of_runs(runs.iter().map(Run::gbps)),
                 runs,
             })
             .collect(),

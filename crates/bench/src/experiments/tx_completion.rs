@@ -200,10 +200,6 @@ fn one(switches: Switches, secs: f64) -> Result<Run, BenchError> {
     })
 }
 
-fn summary(v: impl Iterator<Item = f64>) -> Summary {
-    Summary::of(&v.collect::<Vec<_>>()).expect("runs")
-}
-
 pub fn measure(o: &Options, progress: Progress<'_>) -> Result<Results, BenchError> {
     let (secs, repeats) = if o.quick { (0.2, 1) } else { (0.6, 3) };
     let repeats = o.repeats.unwrap_or(repeats).max(1);
@@ -220,8 +216,8 @@ pub fn measure(o: &Options, progress: Progress<'_>) -> Result<Results, BenchErro
         .map(|(&(label, switches), runs)| ModeResult {
             label,
             switches,
-            mpps: summary(runs.iter().map(|r| r.packets as f64 / r.secs / 1e6)),
-            interrupts_per_packet: summary(
+            mpps: Summary::of_runs(runs.iter().map(|r| r.packets as f64 / r.secs / 1e6)),
+            interrupts_per_packet: Summary::of_runs(
                 runs.iter()
                     .map(|r| r.interrupts as f64 / r.packets.max(1) as f64),
             ),
@@ -253,7 +249,7 @@ pub fn tables(r: &Results) -> Vec<Table> {
     for m in &r.modes {
         let per = |f: fn(&Run) -> u64| {
             let v = m.runs.iter().map(|x| f(x) as f64 / x.packets.max(1) as f64);
-            count(summary(v).median)
+            count(Summary::of_runs(v).median)
         };
         t.row(vec![
             m.label.into(),

@@ -8,7 +8,6 @@ use serde::Serialize;
 use virtnet_backend::BusyPoll;
 
 use super::loads::{one, Load};
-use super::sweep::summary;
 use crate::experiments::Progress;
 use crate::summary::Summary;
 use crate::BenchError;
@@ -74,8 +73,8 @@ pub(super) fn fresh(
 
 fn fresh_result(against: BusyPoll, auto: Vec<f64>, other: Vec<f64>) -> Fresh {
     let (a, o) = (
-        summary(auto.iter().copied()),
-        summary(other.iter().copied()),
+        Summary::of_runs(auto.iter().copied()),
+        Summary::of_runs(other.iter().copied()),
     );
     Fresh {
         against,

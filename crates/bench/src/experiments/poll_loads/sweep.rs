@@ -74,24 +74,23 @@ fn compare(
     (best_fixed, ratio(best_main), ratio(of(BusyPoll::Off)))
 }
 
-pub(super) fn summary(v: impl Iterator<Item = f64>) -> Summary {
-    Summary::of(&v.collect::<Vec<_>>()).expect("runs")
-}
-
 fn setting_result(load: Load, busy_poll: BusyPoll, runs: Vec<Run>) -> SettingResult {
     let per_frame: Vec<f64> = runs
         .iter()
         .filter_map(|r| r.device_cpu_us_per_frame)
         .collect();
-    let latency = |f: fn(&Run) -> f64| load.has_latency().then(|| summary(runs.iter().map(f)));
+    let latency = |f: fn(&Run) -> f64| {
+        load.has_latency()
+            .then(|| Summary::of_runs(runs.iter().map(f)))
+    };
     SettingResult {
         busy_poll,
-        main: summary(runs.iter().map(|r| r.main)),
-        device_cpu_pct: summary(runs.iter().map(|r| r.device_cpu_pct)),
+        main: Summary::of_runs(runs.iter().map(|r| r.main)),
+        device_cpu_pct: Summary::of_runs(runs.iter().map(|r| r.device_cpu_pct)),
         device_cpu_us_per_frame: Summary::of(&per_frame),
         p50_us: latency(|r| r.p50_us),
         p99_us: latency(|r| r.p99_us),
-        steal_pct: summary(runs.iter().map(|r| r.steal_pct)),
+        steal_pct: Summary::of_runs(runs.iter().map(|r| r.steal_pct)),
         runs,
     }
 }
