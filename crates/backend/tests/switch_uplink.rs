@@ -19,8 +19,6 @@ use vnet::NetHdr;
 
 const TEST: &str = "switch_uplink";
 const GUEST_MAC: [u8; 6] = [0x52, 0x54, 0, 0x12, 0x34, 0x56];
-const GUEST_IP: [u8; 4] = [10, 99, 0, 2];
-const HOST_IP: [u8; 4] = [10, 99, 0, 1];
 
 fn receive(p: &mut Pair, want: usize, within: Duration) -> Vec<Vec<u8>> {
     let mut got = Vec::new();
@@ -33,36 +31,6 @@ fn receive(p: &mut Pair, want: usize, within: Duration) -> Vec<Vec<u8>> {
         }
     }
     got
-}
-
-/// An IPv4/UDP frame from the guest to the host's port 9001 (no UDP checksum).
-fn udp_to_host(dst_mac: [u8; 6], payload: &[u8]) -> Vec<u8> {
-    let mut f = Vec::new();
-    f.extend_from_slice(&dst_mac);
-    f.extend_from_slice(&GUEST_MAC);
-    f.extend_from_slice(&0x0800u16.to_be_bytes());
-    let total = (20 + 8 + payload.len()) as u16;
-    let mut ip = [0u8; 20];
-    ip[0] = 0x45;
-    ip[2..4].copy_from_slice(&total.to_be_bytes());
-    ip[8] = 64;
-    ip[9] = 17;
-    ip[12..16].copy_from_slice(&GUEST_IP);
-    ip[16..20].copy_from_slice(&HOST_IP);
-    let sum = ip
-        .chunks(2)
-        .map(|w| u32::from(u16::from_be_bytes([w[0], w[1]])))
-        .sum::<u32>();
-    let sum = (sum & 0xffff) + (sum >> 16);
-    let sum = !(((sum & 0xffff) + (sum >> 16)) as u16);
-    ip[10..12].copy_from_slice(&sum.to_be_bytes());
-    f.extend_from_slice(&ip);
-    f.extend_from_slice(&9000u16.to_be_bytes());
-    f.extend_from_slice(&9001u16.to_be_bytes());
-    f.extend_from_slice(&(8 + payload.len() as u16).to_be_bytes());
-    f.extend_from_slice(&[0, 0]);
-    f.extend_from_slice(payload);
-    f
 }
 
 #[test]
@@ -153,7 +121,7 @@ fn the_stack_behind_the_uplink_and_a_guest_exchange_datagrams() {
     let dst: [u8; 6] = tap_mac.try_into().unwrap();
     host.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
     for i in 0..100 {
-        let f = udp_to_host(dst, &payload(i));
+        let f = testkit::inproc::udp_to_tap(dst, GUEST_MAC, 9001, &payload(i));
         while !p.tx.send(&f, NetHdr::default()).unwrap() {
             p.tx.flush();
             p.tx.wait_wake(10).unwrap();

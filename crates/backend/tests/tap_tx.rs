@@ -20,7 +20,6 @@ const TEST: &str = "tap_tx";
 const GUEST_MAC: [u8; 6] = [0x52, 0x54, 0x00, 0x12, 0x34, 0x56];
 /// The TAP's address (10.99.0.1/24), the guest's, and the port the namespace listens on.
 const HOST_IP: [u8; 4] = [10, 99, 0, 1];
-const GUEST_IP: [u8; 4] = [10, 99, 0, 2];
 const PORT: u16 = 9100;
 const FRAMES: usize = 2000;
 
@@ -89,37 +88,6 @@ fn payload(i: usize) -> Vec<u8> {
     p
 }
 
-/// An Ethernet frame carrying `data` in IPv4/UDP from the guest to the TAP's address.
-fn udp_frame(dst_mac: [u8; 6], data: &[u8]) -> Vec<u8> {
-    let mut f = Vec::with_capacity(42 + data.len());
-    f.extend_from_slice(&dst_mac);
-    f.extend_from_slice(&GUEST_MAC);
-    f.extend_from_slice(&[0x08, 0x00]);
-    let total = (20 + 8 + data.len()) as u16;
-    let mut ip = [0u8; 20];
-    ip[0] = 0x45;
-    ip[2..4].copy_from_slice(&total.to_be_bytes());
-    ip[8] = 64;
-    ip[9] = 17;
-    ip[12..16].copy_from_slice(&GUEST_IP);
-    ip[16..20].copy_from_slice(&HOST_IP);
-    let mut sum: u32 = ip
-        .chunks(2)
-        .map(|w| u16::from_be_bytes([w[0], w[1]]) as u32)
-        .sum();
-    while sum > 0xffff {
-        sum = (sum & 0xffff) + (sum >> 16);
-    }
-    ip[10..12].copy_from_slice(&(!(sum as u16)).to_be_bytes());
-    f.extend_from_slice(&ip);
-    f.extend_from_slice(&9000u16.to_be_bytes());
-    f.extend_from_slice(&PORT.to_be_bytes());
-    f.extend_from_slice(&((8 + data.len()) as u16).to_be_bytes());
-    f.extend_from_slice(&[0, 0]); // no UDP checksum (IPv4)
-    f.extend_from_slice(data);
-    f
-}
-
 /// Sends FRAMES datagrams through the backend in bursts and checks what the namespace's socket
 /// receives; returns the tx counters.
 fn datagrams_arrive_whole_and_in_order(
@@ -150,7 +118,10 @@ fn datagrams_arrive_whole_and_in_order(
         for k in i..i + burst {
             while !p
                 .tx
-                .send(&udp_frame(dst, &payload(k)), NetHdr::default())
+                .send(
+                    &testkit::inproc::udp_to_tap(dst, GUEST_MAC, PORT, &payload(k)),
+                    NetHdr::default(),
+                )
                 .unwrap()
             {
                 p.tx.flush();

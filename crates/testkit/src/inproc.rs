@@ -287,6 +287,39 @@ pub fn thread_seccomp(name: &str) -> Vec<u32> {
         .collect()
 }
 
+/// An Ethernet frame from `src_mac` carrying `data` in IPv4/UDP from the guest's address on
+/// [`crate::netns::TapSpec::for_backend`]'s subnet (10.99.0.2, port 9000) to the TAP's
+/// (10.99.0.1, port `port`), without a UDP checksum (allowed over IPv4).
+pub fn udp_to_tap(dst_mac: [u8; 6], src_mac: [u8; 6], port: u16, data: &[u8]) -> Vec<u8> {
+    let mut f = Vec::with_capacity(42 + data.len());
+    f.extend_from_slice(&dst_mac);
+    f.extend_from_slice(&src_mac);
+    f.extend_from_slice(&[0x08, 0x00]);
+    let total = (20 + 8 + data.len()) as u16;
+    let mut ip = [0u8; 20];
+    ip[0] = 0x45;
+    ip[2..4].copy_from_slice(&total.to_be_bytes());
+    ip[8] = 64;
+    ip[9] = 17;
+    ip[12..16].copy_from_slice(&[10, 99, 0, 2]);
+    ip[16..20].copy_from_slice(&[10, 99, 0, 1]);
+    let mut sum: u32 = ip
+        .chunks(2)
+        .map(|w| u16::from_be_bytes([w[0], w[1]]) as u32)
+        .sum();
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    ip[10..12].copy_from_slice(&(!(sum as u16)).to_be_bytes());
+    f.extend_from_slice(&ip);
+    f.extend_from_slice(&9000u16.to_be_bytes());
+    f.extend_from_slice(&port.to_be_bytes());
+    f.extend_from_slice(&((8 + data.len()) as u16).to_be_bytes());
+    f.extend_from_slice(&[0, 0]);
+    f.extend_from_slice(data);
+    f
+}
+
 pub fn frame(i: u32, len: usize) -> Vec<u8> {
     let mut f = vec![0u8; len];
     f[..6].copy_from_slice(&[0x52, 0x54, 0, 0, 0, 1]);
