@@ -484,18 +484,20 @@ impl RxPath {
         r
     }
 
-    /// Puts one frame given in pieces (see [`Pieces`]) into the rx queue, merging buffers
-    /// when MRG_RXBUF is negotiated. What became of it as [`RxPath::deliver`] says; the
-    /// caller has checked that the queue is usable.
+    /// Puts frames given in pieces (see [`Pieces`]) into the rx queue in order, merging
+    /// buffers when MRG_RXBUF is negotiated; what became of each goes into `out` (as
+    /// [`RxPath::deliver`] says it of one). The caller has checked that the queue is usable.
     pub fn deliver_pieces(
         &mut self,
         shared: &Shared,
-        frame: Pieces<'_, '_, '_>,
-    ) -> Result<Delivery, RingError> {
+        frames: &[Pieces<'_>],
+        out: &mut [Delivery],
+    ) -> Result<(), RingError> {
         let Some(rx) = self.queue.as_mut() else {
-            return Ok(Delivery::NoRoom);
+            out.iter_mut().for_each(|o| *o = Delivery::NoRoom);
+            return Ok(());
         };
-        let r = copy::deliver_pieces(shared, rx, frame, &mut self.chains, &mut self.grown);
+        let r = copy::deliver_pieces(shared, rx, frames, &mut self.chains, &mut self.grown, out);
         self.trim();
         r
     }

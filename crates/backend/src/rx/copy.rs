@@ -7,10 +7,11 @@
 use std::collections::VecDeque;
 
 use vnet::feature;
-use vring::{Chain, Error as RingError, Reader, Writer};
+use vring::{Chain, Error as RingError, GuestMemory, Reader, Tail, Writer};
 
 use super::{
-    Delivery, BURST, KEEP_SEGMENTS, MAX_FRAME_SEGMENTS, MAX_MERGED_BUFFERS, PREFETCH_LINES,
+    Delivery, BURST, KEEP_CHAINS, KEEP_SEGMENTS, MAX_FRAME_SEGMENTS, MAX_MERGED_BUFFERS,
+    PREFETCH_LINES,
 };
 use crate::queue::QueueRuntime;
 use crate::shared::Shared;
@@ -87,11 +88,12 @@ enum Popped {
     Dropped,
 }
 
-/// Pops chains of `rx` into `chains` until their writable bytes hold `need` (merged when
-/// MRG_RXBUF is negotiated, else one chain must).
+/// Pops chains of `rx` into `chains` from index `at` on until their writable bytes hold
+/// `need` (merged when MRG_RXBUF is negotiated, else one chain must).
 fn pop_for(
     rx: &mut QueueRuntime,
     chains: &mut Vec<Chain>,
+    at: usize,
     need: u64,
     grown: &mut bool,
 ) -> Result<Popped, RingError> {
@@ -107,19 +109,19 @@ fn pop_for(
             rx.counters().dropped.add(1);
             return Ok(Popped::Dropped);
         }
-        if chains.len() <= used {
+        if chains.len() <= at + used {
             chains.push(Chain::new());
         }
-        if !rx.pop_into(&mut chains[used])? {
+        if !rx.pop_into(&mut chains[at + used])? {
             rx.undo_pop(used as u16);
             return Ok(Popped::NoRoom);
         }
-        if chains[used].writable_len() == 0 {
+        if chains[at + used].writable_len() == 0 {
             return Err(RingError::NoWritableBytes {
-                head: chains[used].head(),
+                head: chains[at + used].head(),
             });
         }
-        let n = chains[used].segments().len();
+        let n = chains[at + used].segments().len();
         *grown |= n > KEEP_SEGMENTS;
         segments += n;
         if segments > MAX_FRAME_SEGMENTS {
@@ -128,7 +130,7 @@ fn pop_for(
             rx.counters().dropped.add(1);
             return Ok(Popped::Dropped);
         }
-        have += chains[used].writable_len();
+        have += chains[at + used].writable_len();
         used += 1;
         if !mergeable && have < need {
             // Without mergeable buffers a frame must fit one chain: drop the frame and leave
@@ -154,7 +156,7 @@ pub(super) fn deliver(
         rx.counters().filtered.add(1);
         return Ok(Delivery::Dropped);
     }
-    let used = match pop_for(rx, chains, frame.len() as u64, grown)? {
+    let used = match pop_for(rx, chains, 0, frame.len() as u64, grown)? {
         Popped::Fits(used) => used,
         Popped::NoRoom => return Ok(Delivery::NoRoom),
         Popped::Dropped => return Ok(Delivery::Dropped),
@@ -178,54 +180,112 @@ pub(super) fn deliver(
 /// (`num_buffers` is set here), the first bytes of the frame (its headers, copied and checked
 /// once), then the rest of it, read straight from another guest's memory: one copy from one
 /// guest's buffers into another's.
-#[derive(Debug)]
-pub struct Pieces<'a, 'm, 't> {
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Pieces<'a> {
     pub hdr: vnet::NetHdr,
     pub prefix: &'a [u8],
-    pub rest: Option<Reader<'m, 't>>,
+    pub rest: Option<(&'a GuestMemory, Tail<'a>)>,
 }
 
-impl Pieces<'_, '_, '_> {
+impl Pieces<'_> {
     /// The frame's length after its header.
     pub fn frame_len(&self) -> u64 {
-        self.prefix.len() as u64 + self.rest.as_ref().map_or(0, Reader::remaining)
+        self.prefix.len() as u64 + self.rest.map_or(0, |(_, t)| t.len())
     }
 }
 
-/// Delivers `frame` (see [`Pieces`]) into `rx`, merging buffers as [`deliver`] does.
+/// Bytes of a frame's first buffer prefetched for writing while the others' buffers are
+/// popped: its header and first bytes, what a short frame is.
+const PREFETCH_FIRST: usize = 128;
+
+/// Delivers `frames` (see [`Pieces`]) into `rx` in order, merging buffers as [`deliver`]
+/// does, and says in `out` what became of each. In rounds of up to KEEP_CHAINS chains: the
+/// buffers of a round's frames are popped and the first lines of each prefetched for writing,
+/// then the frames are copied, so that the transfers of the lines the driver last touched
+/// overlap instead of stalling one copy after the other. Once a frame finds no room, the
+/// ones after it find none either.
 pub(super) fn deliver_pieces(
     shared: &Shared,
     rx: &mut QueueRuntime,
-    mut frame: Pieces<'_, '_, '_>,
+    frames: &[Pieces<'_>],
     chains: &mut Vec<Chain>,
     grown: &mut bool,
-) -> Result<Delivery, RingError> {
-    if !shared.accepts(frame.prefix) {
-        rx.counters().filtered.add(1);
-        return Ok(Delivery::Dropped);
-    }
+    out: &mut [Delivery],
+) -> Result<(), RingError> {
+    let out = &mut out[..frames.len()];
     let hdr_len = rx.hdr_len();
-    let used = match pop_for(rx, chains, hdr_len as u64 + frame.frame_len(), grown)? {
-        Popped::Fits(used) => used,
-        Popped::NoRoom => return Ok(Delivery::NoRoom),
-        Popped::Dropped => return Ok(Delivery::Dropped),
-    };
-    frame.hdr.num_buffers = used as u16;
-    let hdr = frame.hdr.to_bytes();
-    let (mut hdr, mut prefix) = (&hdr[..hdr_len], frame.prefix);
-    for (i, c) in chains[..used].iter().enumerate() {
+    let mut next = 0;
+    while next < frames.len() {
+        // The chains each delivered frame of the round takes, in order.
+        let mut takes = [0u16; KEEP_CHAINS];
+        let (first, mut at, mut delivered) = (next, 0, 0);
+        while next < frames.len() && at < KEEP_CHAINS {
+            let f = &frames[next];
+            out[next] = if !shared.accepts(f.prefix) {
+                rx.counters().filtered.add(1);
+                Delivery::Dropped
+            } else {
+                match pop_for(rx, chains, at, hdr_len as u64 + f.frame_len(), grown)? {
+                    Popped::Fits(used) => {
+                        if let Some(s) = chains[at].writable().first() {
+                            let len = (s.len as usize).min(PREFETCH_FIRST);
+                            rx.memory().prefetch_write(s.addr, len);
+                        }
+                        takes[delivered] = used as u16;
+                        delivered += 1;
+                        at += used;
+                        Delivery::Delivered
+                    }
+                    Popped::NoRoom => {
+                        out[next..].fill(Delivery::NoRoom);
+                        next = frames.len();
+                        break;
+                    }
+                    Popped::Dropped => Delivery::Dropped,
+                }
+            };
+            next += 1;
+        }
+        let mut takes = takes[..delivered].iter();
+        let mut at = 0;
+        for (f, _) in frames[first..next]
+            .iter()
+            .zip(&out[first..next])
+            .filter(|(_, o)| **o == Delivery::Delivered)
+        {
+            let used = takes.next().map_or(0, |&n| n as usize);
+            write_pieces(rx, f, hdr_len, &chains[at..at + used])?;
+            at += used;
+        }
+    }
+    Ok(())
+}
+
+/// Copies `f` into `chains`, popped for it, and adds them to the used ring.
+fn write_pieces(
+    rx: &mut QueueRuntime,
+    f: &Pieces<'_>,
+    hdr_len: usize,
+    chains: &[Chain],
+) -> Result<(), RingError> {
+    let mut hdr = f.hdr;
+    hdr.num_buffers = chains.len() as u16;
+    let hdr = hdr.to_bytes();
+    let (mut hdr, mut prefix) = (&hdr[..hdr_len], f.prefix);
+    let mut rest = f.rest.map(|(mem, t)| Reader::from_tail(mem, t));
+    for (i, c) in chains.iter().enumerate() {
         let mut w = Writer::new(rx.memory(), c.writable());
         let k = w.write(hdr)?;
         hdr = &hdr[k..];
         let k = w.write(prefix)?;
         prefix = &prefix[k..];
-        if let Some(r) = frame.rest.as_mut() {
+        if let Some(r) = rest.as_mut() {
             let room = w.remaining();
             w.copy_from(r, room)?;
         }
-        rx.add_used_written(c, w.written() as u32, i + 1 == used)?;
+        rx.add_used_written(c, w.written() as u32, i + 1 == chains.len())?;
     }
-    Ok(Delivery::Delivered)
+    Ok(())
 }
 
 /// Pops buffers after the posted ones for the `over` bytes of a frame that did not fit them,

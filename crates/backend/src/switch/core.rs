@@ -7,7 +7,7 @@
 //! port and queue pair (one flow hashes to one pair of its destination), and each group
 //! delivered under its sink's lock, once per group; frames for the uplink written into the
 //! forwarding worker's own queue of the TAP. Learning that needs the FDB's write lock waits
-//! for the end of the batch.
+//! for the end of the decisions, and is done before the frames are delivered.
 
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Instant;
@@ -18,11 +18,12 @@ use super::fdb::{Fdb, FdbConfig, FdbShow, Learn};
 use super::flow::{self, Inbound};
 use super::forward::{decide, PortConfig, Ports, Verdict};
 use super::port::{PortId, PortSet, MAX_PORTS};
-use super::sink::{Outbound, Sink};
+use super::sink::Sink;
 use super::tap::UplinkQueue;
 use super::tick::Tick;
 use super::SwitchError;
 use crate::host::Sent;
+use crate::rx::Pieces;
 use crate::shared::Shared;
 
 /// Where frames for a port go.
@@ -188,6 +189,11 @@ impl SwitchCore {
                 }
             }
         }
+        // Learned before any frame is delivered, as a bridge does: a receiver that answers
+        // at once finds its correspondent's address known.
+        for l in learns.drain(..) {
+            self.fdb.learn(l, now);
+        }
         routes.sort_unstable();
         for run in routes.chunk_by(|a, b| (a.0, a.1) == (b.0, b.1)) {
             let (port, pair) = (run[0].0 as usize, run[0].1 as usize);
@@ -195,7 +201,7 @@ impl SwitchCore {
                 Some(Out::Guest { shared, sinks }) => {
                     let frames = run.iter().map(|&(_, _, k)| {
                         let f = &frames[k as usize];
-                        Outbound {
+                        Pieces {
                             hdr: f.hdr,
                             prefix: f.prefix,
                             rest: f.rest,
@@ -215,9 +221,6 @@ impl SwitchCore {
             }
         }
         drop(table);
-        for l in learns.drain(..) {
-            self.fdb.learn(l, now);
-        }
         Ok(())
     }
 }

@@ -10,35 +10,21 @@
 //! guest's MTU (a frame that is not a super-frame) is dropped and counted (`dropped`).
 
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 use vmm_sys_util::eventfd::EventFd;
 use vnet::gso::{self, Delivery as Offloads};
 use vnet::{NetHdr, HDR_GSO_NONE};
-use vring::{GuestMemory, Reader, Tail};
+use vring::Reader;
 
+use crate::metrics::QueueCounters;
 use crate::queue::{notify, QueueRuntime};
 use crate::rx::{Delivery, Pieces, RxPath};
 use crate::shared::Shared;
 
 /// The largest frame the switch carries: a 64 KiB super-frame and its headers.
 const MAX_FRAME: usize = crate::host::MAX_RX_FRAME;
-
-/// One frame on its way to a sink: its virtio-net header, its first bytes (a copy of the
-/// sender's, or the uplink's frame whole), and the rest in the sender's memory.
-#[derive(Clone, Copy, Debug)]
-pub struct Outbound<'a> {
-    pub hdr: NetHdr,
-    pub prefix: &'a [u8],
-    pub rest: Option<(&'a GuestMemory, Tail<'a>)>,
-}
-
-impl Outbound<'_> {
-    fn len(&self) -> usize {
-        self.prefix.len() + self.rest.map_or(0, |(_, t)| t.len() as usize)
-    }
-}
 
 /// What became of the frames handed to a sink.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -64,6 +50,9 @@ struct State {
     path: RxPath,
     /// A frame copied whole, for its checksum to be finished or to be segmented.
     scratch: Vec<u8>,
+    /// The running queue's counters, held here rather than cloned per frame: a locked
+    /// reference count update would wait for the frame's stores into the guest to drain.
+    counters: Option<Arc<QueueCounters>>,
 }
 
 impl Sink {
@@ -83,13 +72,17 @@ impl Sink {
 
     /// Takes over the rx queue the frontend (re)started; returns the one it replaces.
     pub fn start(&self, q: QueueRuntime) -> Option<QueueRuntime> {
-        self.lock().path.start(q)
+        let mut state = self.lock();
+        state.counters = Some(q.counters().clone());
+        state.path.start(q)
     }
 
     /// Gives back the rx queue, stopped.
     pub fn stop(&self) -> Option<QueueRuntime> {
         self.held.store(false, Relaxed);
-        self.lock().path.stop()
+        let mut state = self.lock();
+        state.counters = None;
+        state.path.stop()
     }
 
     /// When the call held on the queue is due, if one is.
@@ -122,32 +115,68 @@ impl Sink {
     pub fn deliver<'a>(
         &self,
         shared: &Shared,
-        frames: impl IntoIterator<Item = Outbound<'a>>,
+        frames: impl IntoIterator<Item = Pieces<'a>>,
     ) -> Delivered {
         let mut state = self.lock();
-        let State { path, scratch } = &mut *state;
-        let mut done = Delivered::default();
-        if path.usable().is_none() {
+        let State {
+            path,
+            scratch,
+            counters,
+        } = &mut *state;
+        let (Some(counters), Some(q)) = (counters.as_deref(), path.usable()) else {
             // No queue running (or it broke): nowhere to put them.
-            done.dropped = frames.into_iter().count();
-            return done;
-        }
-        let mut bytes = 0u64;
-        for f in frames {
-            match deliver_one(path, shared, scratch, f) {
-                Ok(n) => {
-                    done.frames += n.frames;
-                    done.dropped += n.dropped;
-                    if n.frames > 0 {
-                        bytes += f.len() as u64;
+            return Delivered {
+                frames: 0,
+                dropped: frames.into_iter().count(),
+            };
+        };
+        let mut into = Into {
+            features: q.features(),
+            longest: 14 + 4 + shared.mtu() as usize,
+            path,
+            shared,
+            counters,
+            done: Delivered::default(),
+            bytes: 0,
+        };
+        let mut batch = [Pieces::default(); CHUNK];
+        let mut n = 0;
+        let mut frames = frames.into_iter();
+        // On a ring error, the frames it cost: those of the batch and the one being resolved.
+        let failed = loop {
+            let Some(f) = frames.next() else {
+                break into.flush(&batch[..n]).err().map(|e| (e, n));
+            };
+            match gso::delivery(&f.hdr, f.prefix, into.features) {
+                Offloads::AsSent => {
+                    if f.hdr.gso_type == HDR_GSO_NONE && f.frame_len() > into.longest as u64 {
+                        into.drop_one();
+                        continue;
+                    }
+                    batch[n] = f;
+                    n += 1;
+                    if n == CHUNK {
+                        if let Err(e) = into.flush(&batch) {
+                            break Some((e, n));
+                        }
+                        n = 0;
                     }
                 }
-                Err(e) => {
-                    path.fail(e);
-                    done.dropped += 1;
-                    break;
+                Offloads::Resolve(csum) => {
+                    if let Err(e) = into.flush(&batch[..n]) {
+                        break Some((e, n + 1));
+                    }
+                    n = 0;
+                    if let Err(e) = into.resolve(scratch, f, csum) {
+                        break Some((e, 1));
+                    }
                 }
             }
+        };
+        let (mut done, bytes) = (into.done, into.bytes);
+        if let Some((e, lost)) = failed {
+            path.fail(e);
+            done.dropped += lost + frames.count();
         }
         let Some(q) = path.queue_mut() else {
             return done;
@@ -166,113 +195,109 @@ impl Sink {
     }
 }
 
-/// Puts `f` into `path`'s queue as its guest can take it (see the module's docs).
-fn deliver_one(
-    path: &mut RxPath,
-    shared: &Shared,
-    scratch: &mut Vec<u8>,
-    f: Outbound<'_>,
-) -> Result<Delivered, vring::Error> {
-    let Some(q) = path.queue() else {
-        return Ok(Delivered {
-            frames: 0,
-            dropped: 1,
-        });
-    };
-    let features = q.features();
-    let longest = 14 + 4 + shared.mtu() as usize;
-    let counters = q.counters().clone();
-    let dropped = |c: &crate::metrics::QueueCounters| {
-        c.dropped.add(1);
-        Delivered {
-            frames: 0,
-            dropped: 1,
+/// Frames put into one sink's queue at once, at most: a guest's tx batch.
+const CHUNK: usize = 64;
+
+/// One [`Sink::deliver`]: the queue, what its guest takes, and what became of the frames.
+struct Into<'p, 's> {
+    path: &'p mut RxPath,
+    shared: &'s Shared,
+    counters: &'s QueueCounters,
+    features: vring::Features,
+    /// The longest frame (not a super-frame) the guest's MTU admits.
+    longest: usize,
+    done: Delivered,
+    bytes: u64,
+}
+
+impl Into<'_, '_> {
+    /// Puts `frames`, each as sent, into the queue; says how many found no room.
+    fn flush(&mut self, frames: &[Pieces<'_>]) -> Result<usize, vring::Error> {
+        let mut missed = 0;
+        if frames.is_empty() {
+            return Ok(missed);
         }
-    };
-    match gso::delivery(&f.hdr, f.prefix, features) {
-        Offloads::AsSent => {
-            if f.hdr.gso_type == HDR_GSO_NONE && f.len() > longest {
-                return Ok(dropped(&counters));
-            }
-            let pieces = Pieces {
-                hdr: f.hdr,
-                prefix: f.prefix,
-                rest: f.rest.map(|(mem, t)| Reader::from_tail(mem, t)),
-            };
-            Ok(outcome(path.deliver_pieces(shared, pieces)?, &counters))
-        }
-        Offloads::Resolve(csum) => {
-            // Copied whole: the checksum and the segments are computed over our copy.
-            let len = f.len();
-            if len > MAX_FRAME {
-                return Ok(dropped(&counters));
-            }
-            scratch.clear();
-            scratch.extend_from_slice(f.prefix);
-            scratch.resize(len, 0);
-            if let Some((mem, t)) = f.rest {
-                Reader::from_tail(mem, t).read_exact(&mut scratch[f.prefix.len()..])?;
-            }
-            if f.hdr.gso_type == HDR_GSO_NONE {
-                let Ok(hdr) = gso::complete_csum(&f.hdr, scratch) else {
-                    return Ok(dropped(&counters));
-                };
-                if len > longest {
-                    return Ok(dropped(&counters));
+        let mut outs = [Delivery::NoRoom; CHUNK];
+        let outs = &mut outs[..frames.len()];
+        self.path.deliver_pieces(self.shared, frames, outs)?;
+        for (f, o) in frames.iter().zip(outs.iter()) {
+            match o {
+                Delivery::Delivered => {
+                    self.done.frames += 1;
+                    self.bytes += f.frame_len();
                 }
-                let pieces = Pieces {
-                    hdr,
-                    prefix: scratch,
-                    rest: None,
-                };
-                return Ok(outcome(path.deliver_pieces(shared, pieces)?, &counters));
-            }
-            let Ok(mut segments) = gso::segment(&f.hdr, scratch, csum) else {
-                return Ok(dropped(&counters));
-            };
-            let mut done = Delivered::default();
-            while let Some((hdr, bytes)) = segments.next_segment() {
-                if bytes.len() > longest {
-                    done.dropped += 1;
-                    counters.dropped.add(1);
-                    continue;
-                }
-                let pieces = Pieces {
-                    hdr,
-                    prefix: bytes,
-                    rest: None,
-                };
-                let n = outcome(path.deliver_pieces(shared, pieces)?, &counters);
-                done.frames += n.frames;
-                done.dropped += n.dropped;
-                if n.dropped > 0 {
-                    // No room for this one: none for the rest either.
-                    break;
+                // Counted by the rx path (filtered, or too large for every buffer).
+                Delivery::Dropped => self.done.dropped += 1,
+                Delivery::NoRoom => {
+                    self.counters.rx_missed.add(1);
+                    self.done.dropped += 1;
+                    missed += 1;
                 }
             }
-            Ok(done)
         }
+        Ok(missed)
+    }
+
+    /// Counts a frame the guest cannot take.
+    fn drop_one(&mut self) {
+        self.counters.dropped.add(1);
+        self.done.dropped += 1;
+    }
+
+    /// Puts `f` into the queue as its guest can take it: copied whole into `scratch`, its
+    /// checksum finished, a super-frame segmented (see the module's docs).
+    fn resolve(
+        &mut self,
+        scratch: &mut Vec<u8>,
+        f: Pieces<'_>,
+        csum: gso::Csum,
+    ) -> Result<(), vring::Error> {
+        let len = f.frame_len() as usize;
+        if len > MAX_FRAME {
+            self.drop_one();
+            return Ok(());
+        }
+        scratch.clear();
+        scratch.extend_from_slice(f.prefix);
+        scratch.resize(len, 0);
+        if let Some((mem, t)) = f.rest {
+            Reader::from_tail(mem, t).read_exact(&mut scratch[f.prefix.len()..])?;
+        }
+        if f.hdr.gso_type == HDR_GSO_NONE {
+            match gso::complete_csum(&f.hdr, scratch) {
+                Ok(hdr) if len <= self.longest => {
+                    self.flush(&[whole(hdr, scratch)])?;
+                    return Ok(());
+                }
+                _ => {
+                    self.drop_one();
+                    return Ok(());
+                }
+            }
+        }
+        let Ok(mut segments) = gso::segment(&f.hdr, scratch, csum) else {
+            self.drop_one();
+            return Ok(());
+        };
+        while let Some((hdr, bytes)) = segments.next_segment() {
+            if bytes.len() > self.longest {
+                self.drop_one();
+                continue;
+            }
+            if self.flush(&[whole(hdr, bytes)])? > 0 {
+                // No room for this one: none for the rest either.
+                break;
+            }
+        }
+        Ok(())
     }
 }
 
-/// Counts what [`RxPath::deliver_pieces`] said of a frame.
-fn outcome(d: Delivery, counters: &crate::metrics::QueueCounters) -> Delivered {
-    match d {
-        Delivery::Delivered => Delivered {
-            frames: 1,
-            dropped: 0,
-        },
-        // Counted by the rx path (filtered, or too large for every buffer).
-        Delivery::Dropped => Delivered {
-            frames: 0,
-            dropped: 1,
-        },
-        Delivery::NoRoom => {
-            counters.rx_missed.add(1);
-            Delivered {
-                frames: 0,
-                dropped: 1,
-            }
-        }
+/// A frame of ours, whole, as the sink delivers it.
+fn whole(hdr: NetHdr, frame: &[u8]) -> Pieces<'_> {
+    Pieces {
+        hdr,
+        prefix: frame,
+        rest: None,
     }
 }
