@@ -2,14 +2,21 @@
 //! tx buffers into another's rx buffers byte for byte; a port sends only from its MAC; a
 //! broadcast reaches every other port and not its sender; a guest that stops taking frames
 //! costs its senders drops, never a stall, and the switch's other ports keep their traffic;
-//! a removed port gets nothing and its MAC's entry goes; the workers run under the seccomp
-//! filter and are idle once the traffic stops.
+//! a removed port gets nothing and its MAC's entry goes.
+//!
+//! Each case ends with the recovery check ([`recovery::assert_recovered`] on
+//! [`SwitchPorts`]): the switch's threads alive (its workers under the seccomp filter) and
+//! idle, two ports the case left alone exchanging frames on fresh connections within a
+//! second, and the process's descriptors and memory back to what they were before the case.
+//! Those are the process's, so the tests take [`recovery::exclusive`] first and run one at a
+//! time.
 
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use testkit::inproc::{connect_socket, temp_dir, thread_cpu_ticks, thread_seccomp, Pair, WANTED};
+use testkit::inproc::{connect_socket, temp_dir, Pair, TempDir, WANTED};
+use testkit::recovery::{self, Baseline, SwitchPorts};
 use virtnet_backend::switch::{FdbConfig, PortSpec, Switch, SwitchConfig};
 use virtnet_backend::{BackendConfig, IoMode};
 use virtnet_driver::{Frames, PollMode};
@@ -20,13 +27,6 @@ const MAC: [[u8; 6]; 3] = [
     [0x52, 0x54, 0, 0, 0, 2],
     [0x52, 0x54, 0, 0, 0, 3],
 ];
-
-/// The tests of this file one at a time: each looks at its switch's worker thread by name.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 fn switch(workers: usize) -> Arc<Switch> {
     Switch::start(SwitchConfig {
@@ -88,25 +88,36 @@ fn receive(p: &mut Pair, count: usize, within: Duration) -> Vec<Vec<u8>> {
 }
 
 /// A switch with ports vm1, vm2 and vm3 (MACs `MAC`), sockets in a directory named after
-/// `tag`, and our driver on each.
-fn three_guests(tag: &str) -> (testkit::inproc::TempDir, Arc<Switch>, Vec<Pair>) {
+/// `tag`; no guest yet.
+fn three_ports(tag: &str) -> (TempDir, Arc<Switch>) {
     let dir = temp_dir(tag);
     let s = switch(1);
-    let sock = |n: &str| dir.0.join(format!("{n}.sock"));
     for (k, n) in ["vm1", "vm2", "vm3"].iter().enumerate() {
-        s.add_port(port(n, &sock(n), MAC[k])).unwrap();
+        s.add_port(port(n, &sock(&dir, n), MAC[k])).unwrap();
     }
-    let g = ["vm1", "vm2", "vm3"]
+    (dir, s)
+}
+
+/// The socket of port `name` in `dir`.
+fn sock(dir: &TempDir, name: &str) -> std::path::PathBuf {
+    dir.0.join(format!("{name}.sock"))
+}
+
+/// Our driver on each of vm1, vm2 and vm3.
+fn guests(dir: &TempDir) -> Vec<Pair> {
+    ["vm1", "vm2", "vm3"]
         .iter()
-        .map(|n| connect_socket(&sock(n), WANTED, 2048))
-        .collect();
-    (dir, s, g)
+        .map(|n| connect_socket(&sock(dir, n), WANTED, 2048))
+        .collect()
 }
 
 #[test]
 fn guests_exchange_frames_byte_for_byte_and_ports_send_only_from_their_mac() {
-    let _serial = serial();
-    let (_dir, s, mut g) = three_guests("switch-basic");
+    let exclusive = recovery::exclusive();
+    let (dir, s) = three_ports("switch-basic");
+    let check = SwitchPorts::new(&s, "vm2", "vm3");
+    let base = Baseline::take(&exclusive, &check);
+    let mut g = guests(&dir);
 
     // Unicast both ways, sizes from the smallest to a full MTU frame: byte for byte.
     let sizes = [60usize, 64, 65, 128, 1000, 1514];
@@ -161,23 +172,18 @@ fn guests_exchange_frames_byte_for_byte_and_ports_send_only_from_their_mac() {
     assert!(!fdb.to_string().contains("02:00:00:00:00"), "{fdb}");
 
     // The workers ran under the seccomp filter, and go idle once the traffic stops.
-    assert_eq!(thread_seccomp("virtnet-switch0"), [2]);
-    std::thread::sleep(Duration::from_millis(300));
-    let ticks = thread_cpu_ticks("virtnet-switch0");
-    std::thread::sleep(Duration::from_millis(500));
-    assert!(
-        thread_cpu_ticks("virtnet-switch0") <= ticks + 5,
-        "an idle switch spun"
-    );
     drop(g);
+    recovery::assert_recovered(&check, &base);
     s.shutdown();
 }
 
 #[test]
 fn a_guest_that_takes_no_frames_costs_its_senders_drops_not_a_stall() {
-    let _serial = serial();
-    let (dir, s, mut g) = three_guests("switch-stall");
-    let sock = |n: &str| dir.0.join(format!("{n}.sock"));
+    let exclusive = recovery::exclusive();
+    let (dir, s) = three_ports("switch-stall");
+    let check = SwitchPorts::new(&s, "vm1", "vm3");
+    let base = Baseline::take(&exclusive, &check);
+    let mut g = guests(&dir);
     // vm2 never polls its rx ring: after its 256 buffers fill, every frame for it is dropped.
     // vm1 sends 5000 to vm2, then 100 to vm3, which all arrive.
     let to2: Vec<Vec<u8>> = (0..5000).map(|i| frame(MAC[1], MAC[0], i, 64)).collect();
@@ -213,10 +219,12 @@ fn a_guest_that_takes_no_frames_costs_its_senders_drops_not_a_stall() {
     assert!(!fdb.contains("52:54:00:00:00:03"), "{fdb}");
     // And added again, a fresh guest on it gets vm1's frames.
     drop(g.pop());
-    s.add_port(port("vm3", &sock("vm3"), MAC[2])).unwrap();
-    let mut g3 = connect_socket(&sock("vm3"), WANTED, 2048);
+    s.add_port(port("vm3", &sock(&dir, "vm3"), MAC[2])).unwrap();
+    let mut g3 = connect_socket(&sock(&dir, "vm3"), WANTED, 2048);
     send_all(&mut g[0], &to3);
     assert_eq!(receive(&mut g3, 100, Duration::from_secs(5)), to3);
+    drop((g, g3));
+    recovery::assert_recovered(&check, &base);
     s.shutdown();
 }
 
@@ -258,20 +266,18 @@ fn fdb_entries_on(s: &Switch, port: usize) -> usize {
 
 #[test]
 fn a_mac_flooding_guest_is_held_to_its_learn_limit_and_evicts_nobody() {
-    let _serial = serial();
+    let exclusive = recovery::exclusive();
     let dir = temp_dir("switch-macflood");
     let s = switch(1);
-    let sock = |n: &str| dir.0.join(format!("{n}.sock"));
     // vm1 may send from other sources (a guest that bridges): its learning is bounded.
-    let mut flooder = port("vm1", &sock("vm1"), MAC[0]);
+    let mut flooder = port("vm1", &sock(&dir, "vm1"), MAC[0]);
     flooder.spoof_check = false;
     s.add_port(flooder).unwrap();
-    s.add_port(port("vm2", &sock("vm2"), MAC[1])).unwrap();
-    s.add_port(port("vm3", &sock("vm3"), MAC[2])).unwrap();
-    let mut g: Vec<Pair> = ["vm1", "vm2", "vm3"]
-        .iter()
-        .map(|n| connect_socket(&sock(n), WANTED, 2048))
-        .collect();
+    s.add_port(port("vm2", &sock(&dir, "vm2"), MAC[1])).unwrap();
+    s.add_port(port("vm3", &sock(&dir, "vm3"), MAC[2])).unwrap();
+    let check = SwitchPorts::new(&s, "vm2", "vm3");
+    let base = Baseline::take(&exclusive, &check);
+    let mut g = guests(&dir);
     // 20,000 frames from as many random sources, to vm2.
     let mut x = 0x9e37_79b9_7f4a_7c15u64;
     let flood: Vec<Vec<u8>> = (0..20_000)
@@ -308,13 +314,18 @@ fn a_mac_flooding_guest_is_held_to_its_learn_limit_and_evicts_nobody() {
     // The second 10,000 sources took no memory the first did not (the table is fixed).
     assert!(after <= mid + 1024, "RSS {before} -> {mid} -> {after} KiB");
     others_still_talk(&mut g);
+    drop((g, flood));
+    recovery::assert_recovered(&check, &base);
     s.shutdown();
 }
 
 #[test]
 fn a_broadcast_storm_malformed_headers_and_a_broken_ring_leave_the_others_talking() {
-    let _serial = serial();
-    let (_dir, s, mut g) = three_guests("switch-storm");
+    let exclusive = recovery::exclusive();
+    let (dir, s) = three_ports("switch-storm");
+    let check = SwitchPorts::new(&s, "vm2", "vm3");
+    let base = Baseline::take(&exclusive, &check);
+    let mut g = guests(&dir);
     // A broadcast storm from vm1: vm2 and vm3 do not read meanwhile; their rings fill and the
     // rest is dropped on them.
     let storm: Vec<Vec<u8>> = (0..20_000)
@@ -401,14 +412,8 @@ fn a_broadcast_storm_malformed_headers_and_a_broken_ring_leave_the_others_talkin
     };
     assert!(testkit::eventually(Duration::from_secs(5), || broken().is_some()));
     others_still_talk(&mut g);
-    // And the worker goes idle.
-    std::thread::sleep(Duration::from_millis(300));
-    let ticks = thread_cpu_ticks("virtnet-switch0");
-    std::thread::sleep(Duration::from_millis(500));
-    assert!(
-        thread_cpu_ticks("virtnet-switch0") <= ticks + 5,
-        "the worker spun"
-    );
+    drop((g, storm));
+    recovery::assert_recovered(&check, &base);
     s.shutdown();
 }
 
@@ -417,9 +422,11 @@ fn a_broadcast_storm_malformed_headers_and_a_broken_ring_leave_the_others_talkin
 /// the other's (the worker turns every pair up to vhost_net's weight).
 #[test]
 fn two_senders_to_one_guest_share_it_fairly() {
-    let _serial = serial();
-    let (_dir, s, g) = three_guests("switch-fair");
-    let mut g = g.into_iter();
+    let exclusive = recovery::exclusive();
+    let (dir, s) = three_ports("switch-fair");
+    let check = SwitchPorts::new(&s, "vm1", "vm2");
+    let base = Baseline::take(&exclusive, &check);
+    let mut g = guests(&dir).into_iter();
     let (mut a, mut b, mut c) = (g.next().unwrap(), g.next().unwrap(), g.next().unwrap());
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let sender = |mut p: Pair, src: [u8; 6], stop: Arc<std::sync::atomic::AtomicBool>| {
@@ -464,6 +471,7 @@ fn two_senders_to_one_guest_share_it_fairly() {
     assert!(lo + hi > 10_000.0, "{from:?}");
     assert!(lo >= 0.8 * hi, "unfair: {from:?}");
     drop((a, b, c));
+    recovery::assert_recovered(&check, &base);
     s.shutdown();
 }
 
@@ -472,20 +480,18 @@ fn two_senders_to_one_guest_share_it_fairly() {
 /// old one a moment before (no move hold for an announcement), and unicast to it follows.
 #[test]
 fn a_rarp_moves_a_mac_to_its_new_port_at_once() {
-    let _serial = serial();
+    let exclusive = recovery::exclusive();
     let dir = temp_dir("switch-rarp");
     let s = switch(1);
-    let sock = |n: &str| dir.0.join(format!("{n}.sock"));
     // vm1 and vm3 may send from other MACs (the migrating guest's is neither port's own).
     for (k, n) in ["vm1", "vm2", "vm3"].iter().enumerate() {
-        let mut spec = port(n, &sock(n), MAC[k]);
+        let mut spec = port(n, &sock(&dir, n), MAC[k]);
         spec.spoof_check = k == 1;
         s.add_port(spec).unwrap();
     }
-    let mut g: Vec<Pair> = ["vm1", "vm2", "vm3"]
-        .iter()
-        .map(|n| connect_socket(&sock(n), WANTED, 2048))
-        .collect();
+    let check = SwitchPorts::new(&s, "vm1", "vm2");
+    let base = Baseline::take(&exclusive, &check);
+    let mut g = guests(&dir);
     let moving = [0x52, 0x54, 0, 0xaa, 0xbb, 0xcc];
     // The guest behind vm1 sends from `moving`: learned there.
     send_all(&mut g[0], &[frame(MAC[1], moving, 0, 64)]);
@@ -524,5 +530,7 @@ fn a_rarp_moves_a_mac_to_its_new_port_at_once() {
         std::slice::from_ref(&to)
     );
     assert!(receive(&mut g[0], 1, Duration::from_millis(200)).is_empty());
+    drop(g);
+    recovery::assert_recovered(&check, &base);
     s.shutdown();
 }

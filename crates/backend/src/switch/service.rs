@@ -260,6 +260,16 @@ impl Switch {
         &self.core
     }
 
+    /// How the switch runs.
+    pub fn config(&self) -> &SwitchConfig {
+        &self.config
+    }
+
+    /// The workers, in order (`virtnet-switch<k>`).
+    pub fn workers(&self) -> impl Iterator<Item = &Arc<WorkerHandle>> {
+        self.lanes.iter().map(|l| &l.worker)
+    }
+
     /// The uplink's TAP and its counters, if the switch has one.
     pub fn uplink(&self) -> Option<(&str, &UplinkCounters)> {
         self.uplink.as_ref().map(|(n, c)| (n.as_str(), &**c))
@@ -372,6 +382,14 @@ impl Switch {
         drop(member.serving);
         tracing::info!(port = name, "port removed");
         Ok(())
+    }
+
+    /// Whether port `name`'s socket is still served (its thread has not ended); None without
+    /// such a port.
+    pub fn is_serving(&self, name: &str) -> Option<bool> {
+        let ports = self.ports();
+        let member = ports.get(name)?;
+        Some(member.serving.as_ref().is_some_and(|t| !t.is_finished()))
     }
 
     /// Every port's device, by name.
