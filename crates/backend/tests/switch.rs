@@ -475,39 +475,49 @@ fn two_senders_to_one_guest_share_it_fairly() {
     s.shutdown();
 }
 
+/// The migrating guest's MAC in the RARP tests: neither port's own.
+const MOVING: [u8; 6] = [0x52, 0x54, 0, 0xaa, 0xbb, 0xcc];
+
+/// The port the MAC table has [`MOVING`] on, if any.
+fn moving_on(s: &Switch) -> Option<u64> {
+    let fdb = serde_json::to_value(s.core().fdb_show()).unwrap();
+    fdb["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["mac"] == "52:54:00:aa:bb:cc")
+        .map(|e| e["port"].as_u64().unwrap())
+}
+
+/// Three ports as [`three_ports`] makes them, but vm1 and vm3 may send from other MACs (the
+/// migrating guest's, [`MOVING`], behind one and then the other).
+fn migration_ports(tag: &str) -> (TempDir, Arc<Switch>) {
+    let dir = temp_dir(tag);
+    let s = switch(1);
+    for (k, n) in ["vm1", "vm2", "vm3"].iter().enumerate() {
+        let mut spec = port(n, &sock(&dir, n), MAC[k]);
+        spec.spoof_check = k == 1;
+        s.add_port(spec).unwrap();
+    }
+    (dir, s)
+}
+
 /// A guest that migrated announces its MAC with a RARP (as QEMU makes the backend do on
 /// SEND_RARP, `rarp::frame`): the MAC moves to its new port at once, though it was seen on the
 /// old one a moment before (no move hold for an announcement), and unicast to it follows.
 #[test]
 fn a_rarp_moves_a_mac_to_its_new_port_at_once() {
     let exclusive = recovery::exclusive();
-    let dir = temp_dir("switch-rarp");
-    let s = switch(1);
-    // vm1 and vm3 may send from other MACs (the migrating guest's is neither port's own).
-    for (k, n) in ["vm1", "vm2", "vm3"].iter().enumerate() {
-        let mut spec = port(n, &sock(&dir, n), MAC[k]);
-        spec.spoof_check = k == 1;
-        s.add_port(spec).unwrap();
-    }
+    let (dir, s) = migration_ports("switch-rarp");
     let check = SwitchPorts::new(&s, "vm1", "vm2");
     let base = Baseline::take(&exclusive, &check);
     let mut g = guests(&dir);
-    let moving = [0x52, 0x54, 0, 0xaa, 0xbb, 0xcc];
-    // The guest behind vm1 sends from `moving`: learned there.
-    send_all(&mut g[0], &[frame(MAC[1], moving, 0, 64)]);
+    // The guest behind vm1 sends from `MOVING`: learned there.
+    send_all(&mut g[0], &[frame(MAC[1], MOVING, 0, 64)]);
     assert_eq!(receive(&mut g[1], 1, Duration::from_secs(5)).len(), 1);
-    let on = |s: &Switch| {
-        let fdb = serde_json::to_value(s.core().fdb_show()).unwrap();
-        fdb["entries"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|e| e["mac"] == "52:54:00:aa:bb:cc")
-            .map(|e| e["port"].as_u64().unwrap())
-    };
-    assert_eq!(on(&s), Some(1));
+    assert_eq!(moving_on(&s), Some(1));
     // It migrates behind vm3 and announces itself there.
-    let rarp = virtnet_backend::rarp::frame(moving).to_vec();
+    let rarp = virtnet_backend::rarp::frame(MOVING).to_vec();
     send_all(&mut g[2], std::slice::from_ref(&rarp));
     // (The RARP floods to vm1 and vm2 once the worker has taken it.)
     assert_eq!(
@@ -516,14 +526,14 @@ fn a_rarp_moves_a_mac_to_its_new_port_at_once() {
     );
     // Learning follows the batch's deliveries: a moment after.
     assert!(
-        testkit::eventually(Duration::from_secs(1), || on(&s) == Some(3)),
+        testkit::eventually(Duration::from_secs(1), || moving_on(&s) == Some(3)),
         "the RARP moved the MAC at once: it is on port {:?}",
-        on(&s)
+        moving_on(&s)
     );
     // vm2's unicast to it now reaches vm3, not vm1.
     let _ = receive(&mut g[0], usize::MAX, Duration::from_millis(200));
     let _ = receive(&mut g[2], usize::MAX, Duration::from_millis(200));
-    let to = frame(moving, MAC[1], 1, 100);
+    let to = frame(MOVING, MAC[1], 1, 100);
     send_all(&mut g[1], std::slice::from_ref(&to));
     assert_eq!(
         receive(&mut g[2], 1, Duration::from_secs(5)),
@@ -531,6 +541,88 @@ fn a_rarp_moves_a_mac_to_its_new_port_at_once() {
     );
     assert!(receive(&mut g[0], 1, Duration::from_millis(200)).is_empty());
     drop(g);
+    recovery::assert_recovered(&check, &base);
+    s.shutdown();
+}
+
+/// After a live migration, QEMU on the destination asks the backend to announce the guest
+/// (VHOST_USER_SEND_RARP, with the guest's MAC): the switch forwards the announcement as if
+/// the guest had sent it (`SwitchControl::announce`). By the time the request is acked the
+/// MAC is on the new port, though the old one saw it a moment before; the RARP has flooded
+/// to the other ports, and unicast to the MAC reaches the new port, not the old one.
+#[test]
+fn send_rarp_on_the_new_port_moves_the_mac_there_at_once() {
+    use testkit::raw::RawFrontend;
+    use vhost::vhost_user::message::FrontendReq;
+    use vring::{Buf, Features, GuestAddress, RingAddresses};
+
+    let exclusive = recovery::exclusive();
+    let (dir, s) = migration_ports("switch-sendrarp");
+    let check = SwitchPorts::new(&s, "vm1", "vm2");
+    let base = Baseline::take(&exclusive, &check);
+    let mut g: Vec<Pair> = ["vm1", "vm2"]
+        .iter()
+        .map(|n| connect_socket(&sock(&dir, n), WANTED, 2048))
+        .collect();
+    // The guest runs behind vm1: its MAC is learned there.
+    send_all(&mut g[0], &[frame(MAC[1], MOVING, 0, 64)]);
+    assert_eq!(receive(&mut g[1], 1, Duration::from_secs(5)).len(), 1);
+    assert_eq!(moving_on(&s), Some(1));
+
+    // The destination's frontend on vm3, as QEMU sets it up: memory, then both queues
+    // running, rx with buffers posted; then SEND_RARP, acked (REPLY_ACK) once handled.
+    let ring = |q: u64| RingAddresses {
+        desc: GuestAddress(0x1_0000 + q * 0x4000),
+        avail: GuestAddress(0x1_1000 + q * 0x4000),
+        used: GuestAddress(0x1_2000 + q * 0x4000),
+    };
+    let buf = |token: u32| GuestAddress(0x2_0000 + token as u64 * 2048);
+    let features = Features::VERSION_1 | Features::RING_EVENT_IDX;
+    let mut f = RawFrontend::connect(
+        &sock(&dir, "vm3"),
+        2,
+        features,
+        &[(GuestAddress(0), 1 << 20)],
+    );
+    f.set_mem_table();
+    let mut rx = f.start_queue(0, 64, ring(0));
+    let _tx = f.start_queue(1, 64, ring(1));
+    for token in 0..16 {
+        rx.driver
+            .add(&[], &[Buf::new(buf(token), 2048)], token)
+            .unwrap();
+    }
+    rx.kick.write(1).unwrap();
+    let mut payload = [0u8; 8];
+    payload[..6].copy_from_slice(&MOVING);
+    let acked = f.send_raw(FrontendReq::SEND_RARP, &payload, true);
+    assert_eq!(acked, Some(0), "the announcement was forwarded");
+    // No waiting: the move was learned before the ack.
+    assert_eq!(moving_on(&s), Some(3), "the MAC moved to vm3 at once");
+    // The announcement flooded to vm1 and vm2, as sent from the guest's MAC.
+    let rarp = virtnet_backend::rarp::frame(MOVING).to_vec();
+    for p in g.iter_mut() {
+        assert_eq!(
+            receive(p, 1, Duration::from_secs(5)),
+            std::slice::from_ref(&rarp)
+        );
+    }
+
+    // vm2's unicast to the guest reaches vm3 byte for byte, and not vm1.
+    let to = frame(MOVING, MAC[1], 1, 100);
+    send_all(&mut g[1], std::slice::from_ref(&to));
+    let mut used = None;
+    let arrived = testkit::eventually(Duration::from_secs(5), || {
+        used = rx.driver.get_used().unwrap();
+        used.is_some()
+    });
+    assert!(arrived, "vm3 received nothing");
+    let (token, len) = used.unwrap();
+    let mut got = vec![0u8; len as usize];
+    f.mem.read(buf(token), &mut got).unwrap();
+    assert_eq!(&got[vnet::HDR_LEN..], &to[..]);
+    assert!(receive(&mut g[0], 1, Duration::from_millis(200)).is_empty());
+    drop((g, f, rx, _tx));
     recovery::assert_recovered(&check, &base);
     s.shutdown();
 }
