@@ -2,7 +2,8 @@
 //! tx buffers into another's rx buffers byte for byte; a port sends only from its MAC; a
 //! broadcast reaches every other port and not its sender; a guest that stops taking frames
 //! costs its senders drops, never a stall, and the switch's other ports keep their traffic;
-//! a removed port gets nothing and its MAC's entry goes.
+//! a removed port gets nothing, its MAC's entry goes and its frontend is disconnected; a
+//! migrated guest's MAC moves to its new port at once on a RARP, its own or SEND_RARP's.
 //!
 //! Each case ends with the recovery check ([`recovery::assert_recovered`] on
 //! [`SwitchPorts`]): the switch's threads alive (its workers under the seccomp filter) and
@@ -515,7 +516,10 @@ fn a_rarp_moves_a_mac_to_its_new_port_at_once() {
     // The guest behind vm1 sends from `MOVING`: learned there.
     send_all(&mut g[0], &[frame(MAC[1], MOVING, 0, 64)]);
     assert_eq!(receive(&mut g[1], 1, Duration::from_secs(5)).len(), 1);
-    assert_eq!(moving_on(&s), Some(1));
+    // Learned once the batch is delivered: a moment after.
+    assert!(testkit::eventually(Duration::from_secs(1), || {
+        moving_on(&s) == Some(1)
+    }));
     // It migrates behind vm3 and announces itself there.
     let rarp = virtnet_backend::rarp::frame(MOVING).to_vec();
     send_all(&mut g[2], std::slice::from_ref(&rarp));
@@ -567,7 +571,10 @@ fn send_rarp_on_the_new_port_moves_the_mac_there_at_once() {
     // The guest runs behind vm1: its MAC is learned there.
     send_all(&mut g[0], &[frame(MAC[1], MOVING, 0, 64)]);
     assert_eq!(receive(&mut g[1], 1, Duration::from_secs(5)).len(), 1);
-    assert_eq!(moving_on(&s), Some(1));
+    // Learned once the batch is delivered: a moment after.
+    assert!(testkit::eventually(Duration::from_secs(1), || {
+        moving_on(&s) == Some(1)
+    }));
 
     // The destination's frontend on vm3, as QEMU sets it up: memory, then both queues
     // running, rx with buffers posted; then SEND_RARP, acked (REPLY_ACK) once handled.
@@ -623,6 +630,112 @@ fn send_rarp_on_the_new_port_moves_the_mac_there_at_once() {
     assert_eq!(&got[vnet::HDR_LEN..], &to[..]);
     assert!(receive(&mut g[0], 1, Duration::from_millis(200)).is_empty());
     drop((g, f, rx, _tx));
+    recovery::assert_recovered(&check, &base);
+    s.shutdown();
+}
+
+/// `virtnet ctl port-remove` disconnects the port's frontend, as a device that went away:
+/// removed under traffic (vm1 sending to it at full rate), its guest reads the end of its
+/// socket within a second and the socket file is gone; `port-add` of the same name and
+/// socket then serves a new guest, which gets vm1's traffic and sends back. A client port's
+/// frontend is disconnected too (its listening socket is its own, and stays), and the switch
+/// does not connect to it again.
+#[test]
+fn a_removed_ports_frontend_is_disconnected_and_the_port_serves_again_once_added() {
+    use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+    use virtnet_backend::switch::ctl;
+
+    let exclusive = recovery::exclusive();
+    let (dir, s) = three_ports("switch-remove");
+    let check = SwitchPorts::new(&s, "vm1", "vm2");
+    let base = Baseline::take(&exclusive, &check);
+    let mut g = guests(&dir);
+    let vm3 = sock(&dir, "vm3");
+    let ok = |answer: String| assert_eq!(answer, r#"{"ok":true}"#);
+
+    // vm1 sends to vm3 until told to stop (or the test fails), from a thread of its own.
+    struct StopOnDrop(Arc<AtomicBool>);
+    impl Drop for StopOnDrop {
+        fn drop(&mut self) {
+            self.0.store(true, Relaxed);
+        }
+    }
+    let stop = StopOnDrop(Arc::new(AtomicBool::new(false)));
+    let sender = {
+        let (mut p, stop) = (g.remove(0), stop.0.clone());
+        std::thread::spawn(move || {
+            let mut i = 0;
+            while !stop.load(Relaxed) {
+                while p
+                    .tx
+                    .send(&frame(MAC[2], MAC[0], i, 64), NetHdr::default())
+                    .unwrap()
+                {
+                    i += 1;
+                }
+                p.tx.flush();
+                let _ = p.tx.wait_wake(1);
+            }
+            p
+        })
+    };
+    let mut g3 = g.pop().unwrap();
+    assert!(!receive(&mut g3, 100, Duration::from_secs(5)).is_empty());
+
+    let removing = Instant::now();
+    ok(ctl::answer(&s, r#"{"cmd":"port-remove","name":"vm3"}"#));
+    assert!(
+        g3.conn.wait_closed(Duration::from_secs(1)),
+        "vm3's frontend still connected"
+    );
+    let took = removing.elapsed();
+    assert!(took < Duration::from_secs(1), "disconnected after {took:?}");
+    assert!(!vm3.exists(), "{} left behind", vm3.display());
+    drop(g3);
+
+    // Added again under the same name and socket, while vm1 still sends: a new guest there
+    // gets vm1's frames, and its own reach vm1.
+    let spec = format!("name=vm3,socket={},mac=52:54:00:00:00:03", vm3.display());
+    let add = serde_json::json!({ "cmd": "port-add", "spec": spec }).to_string();
+    ok(ctl::answer(&s, &add));
+    let mut g3 = connect_socket(&vm3, WANTED, 2048);
+    let got = receive(&mut g3, 100, Duration::from_secs(1));
+    assert!(
+        got.len() >= 100,
+        "the port added again got {} frames",
+        got.len()
+    );
+    assert!(got.iter().all(|f| f[..12] == [MAC[2], MAC[0]].concat()));
+    drop(stop);
+    let mut vm1 = sender.join().unwrap();
+    let _ = receive(&mut vm1, usize::MAX, Duration::from_millis(200));
+    let back: Vec<Vec<u8>> = (0..100).map(|i| frame(MAC[0], MAC[2], i, 300)).collect();
+    send_all(&mut g3, &back);
+    assert_eq!(receive(&mut vm1, 100, Duration::from_secs(5)), back);
+
+    // A client port: the switch connects to a frontend listening at its socket.
+    let listening = std::os::unix::net::UnixListener::bind(sock(&dir, "vm4")).unwrap();
+    let mut spec = port("vm4", &sock(&dir, "vm4"), [0x52, 0x54, 0, 0, 0, 4]);
+    spec.client = true;
+    s.add_port(spec).unwrap();
+    let g4 = testkit::inproc::accept_backend(&listening, WANTED, 2048, Duration::from_secs(5))
+        .expect("the client port connected");
+    let removing = Instant::now();
+    s.remove_port("vm4").unwrap();
+    assert!(g4.conn.wait_closed(Duration::from_secs(1)));
+    assert!(removing.elapsed() < Duration::from_secs(1));
+    drop(g4);
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        listening.accept().is_err(),
+        "the removed client port connected again"
+    );
+    assert!(
+        sock(&dir, "vm4").exists(),
+        "the frontend's socket is its own"
+    );
+
+    drop((g, g3, vm1, listening));
     recovery::assert_recovered(&check, &base);
     s.shutdown();
 }
