@@ -3,7 +3,9 @@
 //! next connection, a QEMU `reconnect=1`, picks them up).
 
 use std::io;
-use std::sync::Arc;
+use std::net::Shutdown;
+use std::os::unix::net::UnixStream;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use vnet::feature;
 use vring::Features;
@@ -55,6 +57,19 @@ pub struct Device {
     pairs: Vec<PairHandle>,
     /// The control queue's worker.
     ctrl: WorkerHandle,
+    /// The connection being served, so that [`Device::retire`] can end it.
+    frontend: Mutex<Frontend>,
+}
+
+/// The frontend connection a device serves, as seen from outside its session.
+#[derive(Debug, Default)]
+struct Frontend {
+    /// The session's number and a clone of its socket.
+    serving: Option<(u64, UnixStream)>,
+    /// The number of the next session.
+    next: u64,
+    /// Set by [`Device::retire`]: no session is served from then on.
+    retired: bool,
 }
 
 /// The worker of one queue of a device, as the protocol layer drives it.
@@ -107,6 +122,7 @@ impl Device {
             shared,
             pairs,
             ctrl,
+            frontend: Mutex::default(),
         }))
     }
 
@@ -139,6 +155,7 @@ impl Device {
             shared,
             pairs,
             ctrl,
+            frontend: Mutex::default(),
         }))
     }
 
@@ -202,6 +219,48 @@ impl Device {
     /// A new connection starts from the device's defaults (see [`Shared::reset`]).
     pub fn reset(&self) {
         self.shared.reset();
+    }
+
+    fn frontend(&self) -> std::sync::MutexGuard<'_, Frontend> {
+        self.frontend.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Records `stream` as the connection a new session serves, for [`Device::retire`], and
+    /// returns the session's number (for [`Device::served`]); refused once the device is
+    /// retired.
+    pub(crate) fn serving(&self, stream: &UnixStream) -> io::Result<u64> {
+        let clone = stream.try_clone()?;
+        let mut f = self.frontend();
+        if f.retired {
+            return Err(io::Error::new(
+                io::ErrorKind::ConnectionRefused,
+                "the device was removed",
+            ));
+        }
+        let id = f.next;
+        f.next += 1;
+        f.serving = Some((id, clone));
+        Ok(id)
+    }
+
+    /// Forgets session `id`'s connection, which has closed (its clone of the socket with it).
+    pub(crate) fn served(&self, id: u64) {
+        let mut f = self.frontend();
+        if f.serving.as_ref().is_some_and(|(s, _)| *s == id) {
+            f.serving = None;
+        }
+    }
+
+    /// Serves no frontend from now on, for a device that goes away (a switch's port removed):
+    /// the connection being served is shut down, so that its session ends as if the frontend
+    /// had left (its queues stopped) and the frontend reads the end of the stream; a later
+    /// connection is closed at once.
+    pub fn retire(&self) {
+        let mut f = self.frontend();
+        f.retired = true;
+        if let Some((_, socket)) = f.serving.take() {
+            let _ = socket.shutdown(Shutdown::Both);
+        }
     }
 
     pub fn reports(&self) -> Vec<QueueReport> {

@@ -66,6 +66,8 @@ pub struct Session {
     opened: Instant,
     /// Whether a request has been served; until then the first request's deadline holds.
     spoke: bool,
+    /// The session's number on its device (`Device::serving`).
+    id: u64,
 }
 
 impl std::fmt::Debug for Session {
@@ -79,14 +81,17 @@ impl std::fmt::Debug for Session {
 }
 
 impl Session {
-    /// A fresh connection: the device is reset to its defaults.
+    /// A fresh connection: the device is reset to its defaults. Refused if the device is
+    /// retired (`Device::retire`).
     pub(crate) fn new(device: &Arc<Device>, stream: UnixStream) -> io::Result<Session> {
+        let ours = stream.try_clone()?;
+        let id = device.serving(&stream)?;
         device.reset();
         // After the reset, which waits for the workers: the frontend's time starts now.
         let opened = Instant::now();
         let conn = Arc::new(Mutex::new(vhost::Connection::new(device.clone())));
         Ok(Session {
-            stream: stream.try_clone()?,
+            stream: ours,
             handler: Some(RequestHandler::from_stream(stream, conn.clone())),
             conn,
             status: status::Status::default(),
@@ -94,6 +99,7 @@ impl Session {
             deadlines: Deadlines::default(),
             opened,
             spoke: false,
+            id,
         })
     }
 
@@ -183,7 +189,15 @@ impl Session {
                 Ok(mut c) => c.stop_all(),
                 Err(poisoned) => poisoned.into_inner().stop_all(),
             };
+            self.device.served(self.id);
         }
+    }
+}
+
+impl Drop for Session {
+    /// The device's clone of the socket goes with the session, closed or not.
+    fn drop(&mut self) {
+        self.device.served(self.id);
     }
 }
 
@@ -403,6 +417,22 @@ mod tests {
         )
         .unwrap();
         u16::from_le_bytes([b[0], b[1]])
+    }
+
+    #[test]
+    fn a_retired_device_ends_its_session_and_refuses_the_next() {
+        let device = null_device();
+        let (mut session, mut frontend) = negotiated(&device, VhostUserProtocolFeatures::empty());
+        device.retire();
+        // The session reads the end of its stream, and the frontend the end of its.
+        assert!(!session.serve_one(), "the retired device served on");
+        assert_eq!(frontend.read(&mut [0u8; 16]).unwrap(), 0);
+        let (_frontend, backend_end) = UnixStream::pair().unwrap();
+        let refused = Session::new(&device, backend_end).err();
+        assert_eq!(
+            refused.map(|e| e.kind()),
+            Some(ErrorKind::ConnectionRefused)
+        );
     }
 
     #[test]

@@ -2,14 +2,22 @@
 //! tx buffers into another's rx buffers byte for byte; a port sends only from its MAC; a
 //! broadcast reaches every other port and not its sender; a guest that stops taking frames
 //! costs its senders drops, never a stall, and the switch's other ports keep their traffic;
-//! a removed port gets nothing and its MAC's entry goes; the workers run under the seccomp
-//! filter and are idle once the traffic stops.
+//! a removed port gets nothing, its MAC's entry goes and its frontend is disconnected; a
+//! migrated guest's MAC moves to its new port at once on a RARP, its own or SEND_RARP's.
+//!
+//! Each case ends with the recovery check ([`recovery::assert_recovered`] on
+//! [`SwitchPorts`]): the switch's threads alive (its workers under the seccomp filter) and
+//! idle, two ports the case left alone exchanging frames on fresh connections within a
+//! second, and the process's descriptors and memory back to what they were before the case.
+//! Those are the process's, so the tests take [`recovery::exclusive`] first and run one at a
+//! time.
 
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use testkit::inproc::{connect_socket, temp_dir, thread_cpu_ticks, thread_seccomp, Pair, WANTED};
+use testkit::inproc::{connect_socket, temp_dir, Pair, TempDir, WANTED};
+use testkit::recovery::{self, Baseline, SwitchPorts};
 use virtnet_backend::switch::{FdbConfig, PortSpec, Switch, SwitchConfig};
 use virtnet_backend::{BackendConfig, IoMode};
 use virtnet_driver::{Frames, PollMode};
@@ -20,13 +28,6 @@ const MAC: [[u8; 6]; 3] = [
     [0x52, 0x54, 0, 0, 0, 2],
     [0x52, 0x54, 0, 0, 0, 3],
 ];
-
-/// The tests of this file one at a time: each looks at its switch's worker thread by name.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 fn switch(workers: usize) -> Arc<Switch> {
     Switch::start(SwitchConfig {
@@ -88,25 +89,36 @@ fn receive(p: &mut Pair, count: usize, within: Duration) -> Vec<Vec<u8>> {
 }
 
 /// A switch with ports vm1, vm2 and vm3 (MACs `MAC`), sockets in a directory named after
-/// `tag`, and our driver on each.
-fn three_guests(tag: &str) -> (testkit::inproc::TempDir, Arc<Switch>, Vec<Pair>) {
+/// `tag`; no guest yet.
+fn three_ports(tag: &str) -> (TempDir, Arc<Switch>) {
     let dir = temp_dir(tag);
     let s = switch(1);
-    let sock = |n: &str| dir.0.join(format!("{n}.sock"));
     for (k, n) in ["vm1", "vm2", "vm3"].iter().enumerate() {
-        s.add_port(port(n, &sock(n), MAC[k])).unwrap();
+        s.add_port(port(n, &sock(&dir, n), MAC[k])).unwrap();
     }
-    let g = ["vm1", "vm2", "vm3"]
+    (dir, s)
+}
+
+/// The socket of port `name` in `dir`.
+fn sock(dir: &TempDir, name: &str) -> std::path::PathBuf {
+    dir.0.join(format!("{name}.sock"))
+}
+
+/// Our driver on each of vm1, vm2 and vm3.
+fn guests(dir: &TempDir) -> Vec<Pair> {
+    ["vm1", "vm2", "vm3"]
         .iter()
-        .map(|n| connect_socket(&sock(n), WANTED, 2048))
-        .collect();
-    (dir, s, g)
+        .map(|n| connect_socket(&sock(dir, n), WANTED, 2048))
+        .collect()
 }
 
 #[test]
 fn guests_exchange_frames_byte_for_byte_and_ports_send_only_from_their_mac() {
-    let _serial = serial();
-    let (_dir, s, mut g) = three_guests("switch-basic");
+    let exclusive = recovery::exclusive();
+    let (dir, s) = three_ports("switch-basic");
+    let check = SwitchPorts::new(&s, "vm2", "vm3");
+    let base = Baseline::take(&exclusive, &check);
+    let mut g = guests(&dir);
 
     // Unicast both ways, sizes from the smallest to a full MTU frame: byte for byte.
     let sizes = [60usize, 64, 65, 128, 1000, 1514];
@@ -161,23 +173,18 @@ fn guests_exchange_frames_byte_for_byte_and_ports_send_only_from_their_mac() {
     assert!(!fdb.to_string().contains("02:00:00:00:00"), "{fdb}");
 
     // The workers ran under the seccomp filter, and go idle once the traffic stops.
-    assert_eq!(thread_seccomp("virtnet-switch0"), [2]);
-    std::thread::sleep(Duration::from_millis(300));
-    let ticks = thread_cpu_ticks("virtnet-switch0");
-    std::thread::sleep(Duration::from_millis(500));
-    assert!(
-        thread_cpu_ticks("virtnet-switch0") <= ticks + 5,
-        "an idle switch spun"
-    );
     drop(g);
+    recovery::assert_recovered(&check, &base);
     s.shutdown();
 }
 
 #[test]
 fn a_guest_that_takes_no_frames_costs_its_senders_drops_not_a_stall() {
-    let _serial = serial();
-    let (dir, s, mut g) = three_guests("switch-stall");
-    let sock = |n: &str| dir.0.join(format!("{n}.sock"));
+    let exclusive = recovery::exclusive();
+    let (dir, s) = three_ports("switch-stall");
+    let check = SwitchPorts::new(&s, "vm1", "vm3");
+    let base = Baseline::take(&exclusive, &check);
+    let mut g = guests(&dir);
     // vm2 never polls its rx ring: after its 256 buffers fill, every frame for it is dropped.
     // vm1 sends 5000 to vm2, then 100 to vm3, which all arrive.
     let to2: Vec<Vec<u8>> = (0..5000).map(|i| frame(MAC[1], MAC[0], i, 64)).collect();
@@ -213,10 +220,12 @@ fn a_guest_that_takes_no_frames_costs_its_senders_drops_not_a_stall() {
     assert!(!fdb.contains("52:54:00:00:00:03"), "{fdb}");
     // And added again, a fresh guest on it gets vm1's frames.
     drop(g.pop());
-    s.add_port(port("vm3", &sock("vm3"), MAC[2])).unwrap();
-    let mut g3 = connect_socket(&sock("vm3"), WANTED, 2048);
+    s.add_port(port("vm3", &sock(&dir, "vm3"), MAC[2])).unwrap();
+    let mut g3 = connect_socket(&sock(&dir, "vm3"), WANTED, 2048);
     send_all(&mut g[0], &to3);
     assert_eq!(receive(&mut g3, 100, Duration::from_secs(5)), to3);
+    drop((g, g3));
+    recovery::assert_recovered(&check, &base);
     s.shutdown();
 }
 
@@ -258,20 +267,18 @@ fn fdb_entries_on(s: &Switch, port: usize) -> usize {
 
 #[test]
 fn a_mac_flooding_guest_is_held_to_its_learn_limit_and_evicts_nobody() {
-    let _serial = serial();
+    let exclusive = recovery::exclusive();
     let dir = temp_dir("switch-macflood");
     let s = switch(1);
-    let sock = |n: &str| dir.0.join(format!("{n}.sock"));
     // vm1 may send from other sources (a guest that bridges): its learning is bounded.
-    let mut flooder = port("vm1", &sock("vm1"), MAC[0]);
+    let mut flooder = port("vm1", &sock(&dir, "vm1"), MAC[0]);
     flooder.spoof_check = false;
     s.add_port(flooder).unwrap();
-    s.add_port(port("vm2", &sock("vm2"), MAC[1])).unwrap();
-    s.add_port(port("vm3", &sock("vm3"), MAC[2])).unwrap();
-    let mut g: Vec<Pair> = ["vm1", "vm2", "vm3"]
-        .iter()
-        .map(|n| connect_socket(&sock(n), WANTED, 2048))
-        .collect();
+    s.add_port(port("vm2", &sock(&dir, "vm2"), MAC[1])).unwrap();
+    s.add_port(port("vm3", &sock(&dir, "vm3"), MAC[2])).unwrap();
+    let check = SwitchPorts::new(&s, "vm2", "vm3");
+    let base = Baseline::take(&exclusive, &check);
+    let mut g = guests(&dir);
     // 20,000 frames from as many random sources, to vm2.
     let mut x = 0x9e37_79b9_7f4a_7c15u64;
     let flood: Vec<Vec<u8>> = (0..20_000)
@@ -308,13 +315,18 @@ fn a_mac_flooding_guest_is_held_to_its_learn_limit_and_evicts_nobody() {
     // The second 10,000 sources took no memory the first did not (the table is fixed).
     assert!(after <= mid + 1024, "RSS {before} -> {mid} -> {after} KiB");
     others_still_talk(&mut g);
+    drop((g, flood));
+    recovery::assert_recovered(&check, &base);
     s.shutdown();
 }
 
 #[test]
 fn a_broadcast_storm_malformed_headers_and_a_broken_ring_leave_the_others_talking() {
-    let _serial = serial();
-    let (_dir, s, mut g) = three_guests("switch-storm");
+    let exclusive = recovery::exclusive();
+    let (dir, s) = three_ports("switch-storm");
+    let check = SwitchPorts::new(&s, "vm2", "vm3");
+    let base = Baseline::take(&exclusive, &check);
+    let mut g = guests(&dir);
     // A broadcast storm from vm1: vm2 and vm3 do not read meanwhile; their rings fill and the
     // rest is dropped on them.
     let storm: Vec<Vec<u8>> = (0..20_000)
@@ -401,14 +413,8 @@ fn a_broadcast_storm_malformed_headers_and_a_broken_ring_leave_the_others_talkin
     };
     assert!(testkit::eventually(Duration::from_secs(5), || broken().is_some()));
     others_still_talk(&mut g);
-    // And the worker goes idle.
-    std::thread::sleep(Duration::from_millis(300));
-    let ticks = thread_cpu_ticks("virtnet-switch0");
-    std::thread::sleep(Duration::from_millis(500));
-    assert!(
-        thread_cpu_ticks("virtnet-switch0") <= ticks + 5,
-        "the worker spun"
-    );
+    drop((g, storm));
+    recovery::assert_recovered(&check, &base);
     s.shutdown();
 }
 
@@ -417,9 +423,11 @@ fn a_broadcast_storm_malformed_headers_and_a_broken_ring_leave_the_others_talkin
 /// the other's (the worker turns every pair up to vhost_net's weight).
 #[test]
 fn two_senders_to_one_guest_share_it_fairly() {
-    let _serial = serial();
-    let (_dir, s, g) = three_guests("switch-fair");
-    let mut g = g.into_iter();
+    let exclusive = recovery::exclusive();
+    let (dir, s) = three_ports("switch-fair");
+    let check = SwitchPorts::new(&s, "vm1", "vm2");
+    let base = Baseline::take(&exclusive, &check);
+    let mut g = guests(&dir).into_iter();
     let (mut a, mut b, mut c) = (g.next().unwrap(), g.next().unwrap(), g.next().unwrap());
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let sender = |mut p: Pair, src: [u8; 6], stop: Arc<std::sync::atomic::AtomicBool>| {
@@ -464,7 +472,35 @@ fn two_senders_to_one_guest_share_it_fairly() {
     assert!(lo + hi > 10_000.0, "{from:?}");
     assert!(lo >= 0.8 * hi, "unfair: {from:?}");
     drop((a, b, c));
+    recovery::assert_recovered(&check, &base);
     s.shutdown();
+}
+
+/// The migrating guest's MAC in the RARP tests: neither port's own.
+const MOVING: [u8; 6] = [0x52, 0x54, 0, 0xaa, 0xbb, 0xcc];
+
+/// The port the MAC table has [`MOVING`] on, if any.
+fn moving_on(s: &Switch) -> Option<u64> {
+    let fdb = serde_json::to_value(s.core().fdb_show()).unwrap();
+    fdb["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["mac"] == "52:54:00:aa:bb:cc")
+        .map(|e| e["port"].as_u64().unwrap())
+}
+
+/// Three ports as [`three_ports`] makes them, but vm1 and vm3 may send from other MACs (the
+/// migrating guest's, [`MOVING`], behind one and then the other).
+fn migration_ports(tag: &str) -> (TempDir, Arc<Switch>) {
+    let dir = temp_dir(tag);
+    let s = switch(1);
+    for (k, n) in ["vm1", "vm2", "vm3"].iter().enumerate() {
+        let mut spec = port(n, &sock(&dir, n), MAC[k]);
+        spec.spoof_check = k == 1;
+        s.add_port(spec).unwrap();
+    }
+    (dir, s)
 }
 
 /// A guest that migrated announces its MAC with a RARP (as QEMU makes the backend do on
@@ -472,36 +508,20 @@ fn two_senders_to_one_guest_share_it_fairly() {
 /// old one a moment before (no move hold for an announcement), and unicast to it follows.
 #[test]
 fn a_rarp_moves_a_mac_to_its_new_port_at_once() {
-    let _serial = serial();
-    let dir = temp_dir("switch-rarp");
-    let s = switch(1);
-    let sock = |n: &str| dir.0.join(format!("{n}.sock"));
-    // vm1 and vm3 may send from other MACs (the migrating guest's is neither port's own).
-    for (k, n) in ["vm1", "vm2", "vm3"].iter().enumerate() {
-        let mut spec = port(n, &sock(n), MAC[k]);
-        spec.spoof_check = k == 1;
-        s.add_port(spec).unwrap();
-    }
-    let mut g: Vec<Pair> = ["vm1", "vm2", "vm3"]
-        .iter()
-        .map(|n| connect_socket(&sock(n), WANTED, 2048))
-        .collect();
-    let moving = [0x52, 0x54, 0, 0xaa, 0xbb, 0xcc];
-    // The guest behind vm1 sends from `moving`: learned there.
-    send_all(&mut g[0], &[frame(MAC[1], moving, 0, 64)]);
+    let exclusive = recovery::exclusive();
+    let (dir, s) = migration_ports("switch-rarp");
+    let check = SwitchPorts::new(&s, "vm1", "vm2");
+    let base = Baseline::take(&exclusive, &check);
+    let mut g = guests(&dir);
+    // The guest behind vm1 sends from `MOVING`: learned there.
+    send_all(&mut g[0], &[frame(MAC[1], MOVING, 0, 64)]);
     assert_eq!(receive(&mut g[1], 1, Duration::from_secs(5)).len(), 1);
-    let on = |s: &Switch| {
-        let fdb = serde_json::to_value(s.core().fdb_show()).unwrap();
-        fdb["entries"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|e| e["mac"] == "52:54:00:aa:bb:cc")
-            .map(|e| e["port"].as_u64().unwrap())
-    };
-    assert_eq!(on(&s), Some(1));
+    // Learned once the batch is delivered: a moment after.
+    assert!(testkit::eventually(Duration::from_secs(1), || {
+        moving_on(&s) == Some(1)
+    }));
     // It migrates behind vm3 and announces itself there.
-    let rarp = virtnet_backend::rarp::frame(moving).to_vec();
+    let rarp = virtnet_backend::rarp::frame(MOVING).to_vec();
     send_all(&mut g[2], std::slice::from_ref(&rarp));
     // (The RARP floods to vm1 and vm2 once the worker has taken it.)
     assert_eq!(
@@ -510,19 +530,212 @@ fn a_rarp_moves_a_mac_to_its_new_port_at_once() {
     );
     // Learning follows the batch's deliveries: a moment after.
     assert!(
-        testkit::eventually(Duration::from_secs(1), || on(&s) == Some(3)),
+        testkit::eventually(Duration::from_secs(1), || moving_on(&s) == Some(3)),
         "the RARP moved the MAC at once: it is on port {:?}",
-        on(&s)
+        moving_on(&s)
     );
     // vm2's unicast to it now reaches vm3, not vm1.
     let _ = receive(&mut g[0], usize::MAX, Duration::from_millis(200));
     let _ = receive(&mut g[2], usize::MAX, Duration::from_millis(200));
-    let to = frame(moving, MAC[1], 1, 100);
+    let to = frame(MOVING, MAC[1], 1, 100);
     send_all(&mut g[1], std::slice::from_ref(&to));
     assert_eq!(
         receive(&mut g[2], 1, Duration::from_secs(5)),
         std::slice::from_ref(&to)
     );
     assert!(receive(&mut g[0], 1, Duration::from_millis(200)).is_empty());
+    drop(g);
+    recovery::assert_recovered(&check, &base);
+    s.shutdown();
+}
+
+/// After a live migration, QEMU on the destination asks the backend to announce the guest
+/// (VHOST_USER_SEND_RARP, with the guest's MAC): the switch forwards the announcement as if
+/// the guest had sent it (`SwitchControl::announce`). By the time the request is acked the
+/// MAC is on the new port, though the old one saw it a moment before; the RARP has flooded
+/// to the other ports, and unicast to the MAC reaches the new port, not the old one.
+#[test]
+fn send_rarp_on_the_new_port_moves_the_mac_there_at_once() {
+    use testkit::raw::RawFrontend;
+    use vhost::vhost_user::message::FrontendReq;
+    use vring::{Buf, Features, GuestAddress, RingAddresses};
+
+    let exclusive = recovery::exclusive();
+    let (dir, s) = migration_ports("switch-sendrarp");
+    let check = SwitchPorts::new(&s, "vm1", "vm2");
+    let base = Baseline::take(&exclusive, &check);
+    let mut g: Vec<Pair> = ["vm1", "vm2"]
+        .iter()
+        .map(|n| connect_socket(&sock(&dir, n), WANTED, 2048))
+        .collect();
+    // The guest runs behind vm1: its MAC is learned there.
+    send_all(&mut g[0], &[frame(MAC[1], MOVING, 0, 64)]);
+    assert_eq!(receive(&mut g[1], 1, Duration::from_secs(5)).len(), 1);
+    // Learned once the batch is delivered: a moment after.
+    assert!(testkit::eventually(Duration::from_secs(1), || {
+        moving_on(&s) == Some(1)
+    }));
+
+    // The destination's frontend on vm3, as QEMU sets it up: memory, then both queues
+    // running, rx with buffers posted; then SEND_RARP, acked (REPLY_ACK) once handled.
+    let ring = |q: u64| RingAddresses {
+        desc: GuestAddress(0x1_0000 + q * 0x4000),
+        avail: GuestAddress(0x1_1000 + q * 0x4000),
+        used: GuestAddress(0x1_2000 + q * 0x4000),
+    };
+    let buf = |token: u32| GuestAddress(0x2_0000 + token as u64 * 2048);
+    let features = Features::VERSION_1 | Features::RING_EVENT_IDX;
+    let mut f = RawFrontend::connect(
+        &sock(&dir, "vm3"),
+        2,
+        features,
+        &[(GuestAddress(0), 1 << 20)],
+    );
+    f.set_mem_table();
+    let mut rx = f.start_queue(0, 64, ring(0));
+    let _tx = f.start_queue(1, 64, ring(1));
+    for token in 0..16 {
+        rx.driver
+            .add(&[], &[Buf::new(buf(token), 2048)], token)
+            .unwrap();
+    }
+    rx.kick.write(1).unwrap();
+    let mut payload = [0u8; 8];
+    payload[..6].copy_from_slice(&MOVING);
+    let acked = f.send_raw(FrontendReq::SEND_RARP, &payload, true);
+    assert_eq!(acked, Some(0), "the announcement was forwarded");
+    // No waiting: the move was learned before the ack.
+    assert_eq!(moving_on(&s), Some(3), "the MAC moved to vm3 at once");
+    // The announcement flooded to vm1 and vm2, as sent from the guest's MAC.
+    let rarp = virtnet_backend::rarp::frame(MOVING).to_vec();
+    for p in g.iter_mut() {
+        assert_eq!(
+            receive(p, 1, Duration::from_secs(5)),
+            std::slice::from_ref(&rarp)
+        );
+    }
+
+    // vm2's unicast to the guest reaches vm3 byte for byte, and not vm1.
+    let to = frame(MOVING, MAC[1], 1, 100);
+    send_all(&mut g[1], std::slice::from_ref(&to));
+    let mut used = None;
+    let arrived = testkit::eventually(Duration::from_secs(5), || {
+        used = rx.driver.get_used().unwrap();
+        used.is_some()
+    });
+    assert!(arrived, "vm3 received nothing");
+    let (token, len) = used.unwrap();
+    let mut got = vec![0u8; len as usize];
+    f.mem.read(buf(token), &mut got).unwrap();
+    assert_eq!(&got[vnet::HDR_LEN..], &to[..]);
+    assert!(receive(&mut g[0], 1, Duration::from_millis(200)).is_empty());
+    drop((g, f, rx, _tx));
+    recovery::assert_recovered(&check, &base);
+    s.shutdown();
+}
+
+/// `virtnet ctl port-remove` disconnects the port's frontend, as a device that went away:
+/// removed under traffic (vm1 sending to it at full rate), its guest reads the end of its
+/// socket within a second and the socket file is gone; `port-add` of the same name and
+/// socket then serves a new guest, which gets vm1's traffic and sends back. A client port's
+/// frontend is disconnected too (its listening socket is its own, and stays), and the switch
+/// does not connect to it again.
+#[test]
+fn a_removed_ports_frontend_is_disconnected_and_the_port_serves_again_once_added() {
+    use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+    use virtnet_backend::switch::ctl;
+
+    let exclusive = recovery::exclusive();
+    let (dir, s) = three_ports("switch-remove");
+    let check = SwitchPorts::new(&s, "vm1", "vm2");
+    let base = Baseline::take(&exclusive, &check);
+    let mut g = guests(&dir);
+    let vm3 = sock(&dir, "vm3");
+    let ok = |answer: String| assert_eq!(answer, r#"{"ok":true}"#);
+
+    // vm1 sends to vm3 until told to stop (or the test fails), from a thread of its own.
+    struct StopOnDrop(Arc<AtomicBool>);
+    impl Drop for StopOnDrop {
+        fn drop(&mut self) {
+            self.0.store(true, Relaxed);
+        }
+    }
+    let stop = StopOnDrop(Arc::new(AtomicBool::new(false)));
+    let sender = {
+        let (mut p, stop) = (g.remove(0), stop.0.clone());
+        std::thread::spawn(move || {
+            let mut i = 0;
+            while !stop.load(Relaxed) {
+                while p
+                    .tx
+                    .send(&frame(MAC[2], MAC[0], i, 64), NetHdr::default())
+                    .unwrap()
+                {
+                    i += 1;
+                }
+                p.tx.flush();
+                let _ = p.tx.wait_wake(1);
+            }
+            p
+        })
+    };
+    let mut g3 = g.pop().unwrap();
+    assert!(!receive(&mut g3, 100, Duration::from_secs(5)).is_empty());
+
+    let removing = Instant::now();
+    ok(ctl::answer(&s, r#"{"cmd":"port-remove","name":"vm3"}"#));
+    assert!(
+        g3.conn.wait_closed(Duration::from_secs(1)),
+        "vm3's frontend still connected"
+    );
+    let took = removing.elapsed();
+    assert!(took < Duration::from_secs(1), "disconnected after {took:?}");
+    assert!(!vm3.exists(), "{} left behind", vm3.display());
+    drop(g3);
+
+    // Added again under the same name and socket, while vm1 still sends: a new guest there
+    // gets vm1's frames, and its own reach vm1.
+    let spec = format!("name=vm3,socket={},mac=52:54:00:00:00:03", vm3.display());
+    let add = serde_json::json!({ "cmd": "port-add", "spec": spec }).to_string();
+    ok(ctl::answer(&s, &add));
+    let mut g3 = connect_socket(&vm3, WANTED, 2048);
+    let got = receive(&mut g3, 100, Duration::from_secs(1));
+    assert!(
+        got.len() >= 100,
+        "the port added again got {} frames",
+        got.len()
+    );
+    assert!(got.iter().all(|f| f[..12] == [MAC[2], MAC[0]].concat()));
+    drop(stop);
+    let mut vm1 = sender.join().unwrap();
+    let _ = receive(&mut vm1, usize::MAX, Duration::from_millis(200));
+    let back: Vec<Vec<u8>> = (0..100).map(|i| frame(MAC[0], MAC[2], i, 300)).collect();
+    send_all(&mut g3, &back);
+    assert_eq!(receive(&mut vm1, 100, Duration::from_secs(5)), back);
+
+    // A client port: the switch connects to a frontend listening at its socket.
+    let listening = std::os::unix::net::UnixListener::bind(sock(&dir, "vm4")).unwrap();
+    let mut spec = port("vm4", &sock(&dir, "vm4"), [0x52, 0x54, 0, 0, 0, 4]);
+    spec.client = true;
+    s.add_port(spec).unwrap();
+    let g4 = testkit::inproc::accept_backend(&listening, WANTED, 2048, Duration::from_secs(5))
+        .expect("the client port connected");
+    let removing = Instant::now();
+    s.remove_port("vm4").unwrap();
+    assert!(g4.conn.wait_closed(Duration::from_secs(1)));
+    assert!(removing.elapsed() < Duration::from_secs(1));
+    drop(g4);
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        listening.accept().is_err(),
+        "the removed client port connected again"
+    );
+    assert!(
+        sock(&dir, "vm4").exists(),
+        "the frontend's socket is its own"
+    );
+
+    drop((g, g3, vm1, listening));
+    recovery::assert_recovered(&check, &base);
     s.shutdown();
 }

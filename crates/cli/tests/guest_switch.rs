@@ -1,9 +1,10 @@
 //! Real Linux guests on `virtnet switch` (the binary, with its sandbox on), QEMU under TCG:
 //! - two guests, each with `virtio-net-pci` on a port of one switch, talk with nothing else in
-//!   the path: ping both ways, then iperf3 TCP from one to the other, whose super-frames (both
-//!   negotiate TSO and checksum offload) cross the switch whole; the switch's per-port counters
-//!   agree with what the guests counted; the same with a receiver that takes no offload (the
-//!   switch segments in software), and with two queue pairs each (both pairs carry frames);
+//!   the path: ping both ways, sockperf ping-pong, then iperf3 TCP from one to the other, whose
+//!   super-frames (both negotiate TSO and checksum offload) cross the switch whole; the
+//!   switch's per-port counters agree with what the guests counted; the same with a receiver
+//!   that takes no offload (the switch segments in software), with offloads on neither guest
+//!   (no super-frame at all), and with two queue pairs each (both pairs carry frames);
 //! - a guest reaches the host through the switch's TAP uplink (in a network namespace): ping,
 //!   iperf3 both ways.
 //!
@@ -63,8 +64,8 @@ fn port_counter(ports: &serde_json::Value, name: &str, kind: &str, counter: &str
         .sum()
 }
 
-/// The guest `k`'s script: wait until the other answers, then ping it; guest 0 serves one
-/// iperf3 run, guest 1 runs it.
+/// The guest `k`'s script: wait until the other answers, then ping it; guest 0 serves
+/// sockperf and one iperf3 run, guest 1 runs sockperf ping-pong for 2 s, then iperf3.
 fn script(k: usize, pairs: u16) -> String {
     let wait = r#"
 n=0
@@ -76,13 +77,24 @@ cat /tmp/ping.txt
 vn_result ping_loss "$(sed -n 's/.* \([0-9]*\)% packet loss.*/\1/p' /tmp/ping.txt)"
 "#;
     if k == 0 {
+        // The sockperf server goes once the iperf3 run, which comes after sockperf's, ends.
+        let server = r#"
+sockperf server -i "${VN_IP%/*}" -p 11111 > /tmp/sockperf.txt 2>&1 &
+sockperf=$!
+iperf3 -s -1 -p 5201 > /tmp/server.txt 2>&1 &
+iperf=$!
+"#;
         return format!(
-            "iperf3 -s -1 -p 5201 > /tmp/server.txt 2>&1 &\n{wait}\nwait\ncat /tmp/server.txt\nsleep 1\n"
+            "{server}{wait}\nwait $iperf\nkill $sockperf\ncat /tmp/server.txt\nsleep 1\n"
         );
     }
     // With -P, the last "receiver" line is the sum of the streams.
     let client = r#"
 sleep 1
+sockperf ping-pong -i "$VN_PEER" -p 11111 -t 2 > /tmp/sockperf.txt 2>&1
+cat /tmp/sockperf.txt
+vn_result sockperf_avg_us "$(sed -n 's/.*avg-latency=\([0-9.]*\).*/\1/p' /tmp/sockperf.txt | head -n 1)"
+vn_result sockperf_p99_us "$(sed -n 's/.*percentile 99.000 = *\([0-9.]*\).*/\1/p' /tmp/sockperf.txt)"
 iperf3 -c "$VN_PEER" -p 5201 -t 3 -P STREAMS -f m > /tmp/up.txt
 cat /tmp/up.txt
 vn_result mbps "$(awk '/receiver/ { for (i = 2; i <= NF; i++) if ($i == "Mbits/sec") m = $(i - 1) } END { print m }' /tmp/up.txt)"
@@ -96,7 +108,7 @@ sleep 1
 
 #[test]
 fn two_linux_guests_ping_and_run_iperf3_through_virtnet_switch() {
-    two_guests("", true, 1);
+    two_guests(Offloads::Both, 1);
 }
 
 /// The receiving guest (vm0) takes no offload (`guest_tso4=off,guest_tso6=off,guest_csum=off`,
@@ -105,11 +117,15 @@ fn two_linux_guests_ping_and_run_iperf3_through_virtnet_switch() {
 /// which checks every checksum, takes them.
 #[test]
 fn a_guest_without_offloads_gets_the_other_guests_super_frames_segmented_in_software() {
-    two_guests(
-        ",guest_tso4=off,guest_tso6=off,guest_ecn=off,guest_ufo=off,guest_csum=off",
-        false,
-        1,
-    );
+    two_guests(Offloads::Sender, 1);
+}
+
+/// Neither guest negotiates an offload (`csum=off`, `guest_csum=off` and the TSO, ECN and UFO
+/// properties off on both devices): the sender's TCP segments and checksums every frame
+/// itself, and every frame crosses the switch as sent, none larger than the MTU.
+#[test]
+fn guests_without_offloads_exchange_frames_as_sent() {
+    two_guests(Offloads::Neither, 1);
 }
 
 /// Two queue pairs on each port and two vCPUs in each guest, twelve iperf3 streams (that all
@@ -117,12 +133,40 @@ fn a_guest_without_offloads_gets_the_other_guests_super_frames_segmented_in_soft
 /// receiver's pairs by their hash, and each pair carries frames.
 #[test]
 fn guests_with_two_queue_pairs_each_use_both_through_the_switch() {
-    two_guests("", true, 2);
+    two_guests(Offloads::Both, 2);
 }
 
-/// Two guests on one switch, `pairs` queue pairs each (and as many vCPUs); vm0's device has
-/// `receiver_extra` properties, and takes super-frames whole (`whole`) or segmented.
-fn two_guests(receiver_extra: &str, whole: bool, pairs: u16) {
+/// Which of the two guests' devices negotiate the offloads: the sender is vm1, the receiver
+/// vm0.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Offloads {
+    Both,
+    /// The sender only: the receiver gets its super-frames segmented by the switch.
+    Sender,
+    Neither,
+}
+
+/// The QEMU device properties with which a guest takes no offload from its device.
+const NO_GUEST_OFFLOADS: &str =
+    ",guest_tso4=off,guest_tso6=off,guest_ecn=off,guest_ufo=off,guest_csum=off";
+/// The QEMU device properties with which a guest hands its device no offload to do.
+const NO_HOST_OFFLOADS: &str = ",host_tso4=off,host_tso6=off,host_ecn=off,host_ufo=off,csum=off";
+
+impl Offloads {
+    /// Guest `k`'s device properties.
+    fn device_extra(self, k: usize) -> String {
+        match (self, k) {
+            (Offloads::Both, _) => String::new(),
+            (Offloads::Sender, 0) => NO_GUEST_OFFLOADS.into(),
+            (Offloads::Sender, _) => String::new(),
+            (Offloads::Neither, _) => format!("{NO_GUEST_OFFLOADS}{NO_HOST_OFFLOADS}"),
+        }
+    }
+}
+
+/// Two guests on one switch, `pairs` queue pairs each (and as many vCPUs), their devices'
+/// offloads as `offloads` says.
+fn two_guests(offloads: Offloads, pairs: u16) {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     if !packages::is_root() {
         packages::skip(TEST, "needs root (apt-get for QEMU)");
@@ -172,9 +216,7 @@ fn two_guests(receiver_extra: &str, whole: bool, pairs: u16) {
             c.ip = format!("{}/24", IP[k]);
             c.mac = Some(MAC[k].into());
             c.env = vec![("vn_peer".into(), IP[1 - k].into())];
-            if k == 0 {
-                c.device_extra = receiver_extra.into();
-            }
+            c.device_extra = offloads.device_extra(k);
             let gdir = dir.join(format!("vm{k}"));
             std::fs::create_dir_all(&gdir).unwrap();
             Guest::start(image, c, &gdir).expect("QEMU")
@@ -202,6 +244,15 @@ fn two_guests(receiver_extra: &str, whole: bool, pairs: u16) {
         "iperf3 vm1 -> vm0 through the switch: {mbps} Mbit/s (TCG-bound)"
     ));
     assert!(mbps > 0.0);
+    let latency: f64 = runs[1]
+        .result("sockperf_avg_us")
+        .and_then(|us| us.parse().ok())
+        .unwrap_or_else(|| panic!("no sockperf latency: {:?}", runs[1].results));
+    report(&format!(
+        "sockperf ping-pong vm1 -> vm0 through the switch: {latency} us average, {} us p99 (TCG-bound)",
+        runs[1].result("sockperf_p99_us").unwrap_or("?")
+    ));
+    assert!(latency > 0.0);
 
     // What the guests counted went through the switch's ports: vm1's transmit is vm0's
     // receive, frame for frame (the switch dropped none: no other port, no spoofing).
@@ -237,14 +288,27 @@ fn two_guests(receiver_extra: &str, whole: bool, pairs: u16) {
     }
     let bytes = port_counter(&ports, "vm0", "rx", "bytes");
     let mean = bytes / rx0.max(1);
-    if whole {
-        assert!(
+    let sent_mean = port_counter(&ports, "vm1", "tx", "bytes") / tx1.max(1);
+    report(&format!(
+        "mean frame: {sent_mean} bytes from vm1, {mean} bytes to vm0"
+    ));
+    match offloads {
+        Offloads::Both => assert!(
             mean > 1600,
             "mean frame {mean} bytes: super-frames were segmented"
-        );
-    } else {
-        assert!(mean <= 1514, "mean frame {mean} bytes: larger than the MTU");
-        assert!(rx0 > tx1, "segments: vm0 got {rx0} frames for vm1's {tx1}");
+        ),
+        Offloads::Sender => {
+            assert!(mean <= 1514, "mean frame {mean} bytes: larger than the MTU");
+            assert!(rx0 > tx1, "segments: vm0 got {rx0} frames for vm1's {tx1}");
+        }
+        Offloads::Neither => {
+            assert!(sent_mean <= 1514, "vm1 sent {sent_mean}-byte frames");
+            assert!(mean <= 1514, "mean frame {mean} bytes: larger than the MTU");
+            assert!(
+                rx0 <= tx1,
+                "vm0 got {rx0} frames for vm1's {tx1}: segmented"
+            );
+        }
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

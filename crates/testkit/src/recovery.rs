@@ -1,7 +1,11 @@
-//! What a user sees after a hostile case, as one check: the backend's threads are alive and
+//! What a user sees after a hostile case, as one check: the process's threads are alive and
 //! idle (its workers under their seccomp filter, when the device has it on, as by default), a
-//! fresh connection moves frames on the same pair within a second, and the process holds no
-//! more descriptors, threads or memory than before the case.
+//! fresh connection moves frames within a second, and the process holds no more descriptors,
+//! threads or memory than before the case.
+//!
+//! The check applies to what a test runs in its process ([`Served`]): a backend
+//! ([`Backend`], a fresh connection echoed on its pair) or a switch ([`SwitchPorts`], fresh
+//! connections on two of its ports exchanging frames).
 //!
 //! ```no_run
 //! use testkit::{inproc, recovery};
@@ -20,6 +24,7 @@
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -31,6 +36,38 @@ use crate::inproc::{
     connect, echo_round_within, frame, tap_rx_packets, thread_cpu_ticks, thread_seccomp, Backend,
     SERVE_THREAD, WANTED,
 };
+
+mod switch;
+pub use switch::SwitchPorts;
+
+/// What the check looks at: the threads and sockets a test runs in its own process.
+pub trait Served {
+    /// Panics unless every one of its threads still runs (a panic on hostile input ends
+    /// one) and, when it was configured with the seccomp filter, its workers run under it.
+    fn assert_alive(&self);
+    /// The names of its threads (as /proc shows them), each idle with nothing to do.
+    fn threads(&self) -> Vec<String>;
+    /// The sockets it listens on, each serving one frontend at a time.
+    fn sockets(&self) -> Vec<PathBuf>;
+    /// Fresh connections move [`FRESH_FRAMES`] within [`FRESH_WITHIN`] of starting to
+    /// connect, and are then closed.
+    fn assert_fresh_connection_moves_frames(&self);
+}
+
+impl Served for Backend {
+    fn assert_alive(&self) {
+        assert_backend_alive(self);
+    }
+    fn threads(&self) -> Vec<String> {
+        backend_threads(self)
+    }
+    fn sockets(&self) -> Vec<PathBuf> {
+        vec![self.socket.clone()]
+    }
+    fn assert_fresh_connection_moves_frames(&self) {
+        assert_backend_moves_frames(self);
+    }
+}
 
 /// The right to measure the process: while it is held, no other test of this binary that
 /// takes it runs. Take it first in the test, before its backend exists, so that it is
@@ -82,15 +119,15 @@ impl Usage {
     /// driver's threads have ended.
     ///
     /// A connection just dropped is still being closed by the backend (its session's socket,
-    /// its queues' eventfds, its memory table's memfd). The backend serves one frontend at a
+    /// its queues' eventfds, its memory table's memfd). Each socket serves one frontend at a
     /// time, so a probe connection that gets an answer proves the ones before it closed; the
-    /// probe stays open while the usage is read, so that every reading counts it alike. Our
+    /// probes stay open while the usage is read, so that every reading counts them alike. Our
     /// driver's handshake watchdog thread (with a clone of its socket) ends a little after
     /// the handshake, so descriptors and threads must then stay unchanged for [`SETTLE`].
-    pub fn settled(b: &Backend) -> Usage {
-        let probe = answered_probe(b);
+    pub fn settled(b: &(impl Served + ?Sized)) -> Usage {
+        let probes: Vec<UnixStream> = b.sockets().iter().map(|s| answered_probe(s)).collect();
         let usage = Usage::steady();
-        drop(probe);
+        drop(probes);
         usage
     }
 
@@ -113,19 +150,23 @@ impl Usage {
     }
 }
 
-/// A connection to `b` on which GET_FEATURES has been answered, so the backend has closed
-/// the connections before it. Panics if the backend does not answer within
-/// [`SETTLE_LIMIT`]: a connection of the test's is still open, or the backend hangs.
-fn answered_probe(b: &Backend) -> UnixStream {
+/// A connection to `socket` on which GET_FEATURES has been answered, so the connections
+/// before it have been closed. Panics if it is not answered within [`SETTLE_LIMIT`]: a
+/// connection of the test's is still open, or the device hangs.
+fn answered_probe(socket: &Path) -> UnixStream {
     // VHOST_USER_GET_FEATURES (1), version 1, no payload: a header of three u32.
     let request = [1u32, 1, 0].map(u32::to_ne_bytes).concat();
-    let mut s = UnixStream::connect(&b.socket).expect("connect the probe");
+    let mut s = UnixStream::connect(socket)
+        .unwrap_or_else(|e| panic!("connect the probe to {}: {e}", socket.display()));
     s.set_read_timeout(Some(SETTLE_LIMIT)).unwrap();
     s.write_all(&request).expect("send the probe's request");
     // The reply: the header, then the features as a u64.
     let mut reply = [0u8; 20];
     if let Err(e) = s.read_exact(&mut reply) {
-        panic!("the backend did not answer a new connection ({e}): is one still open?");
+        panic!(
+            "{} did not answer a new connection ({e}): is one still open?",
+            socket.display()
+        );
     }
     s
 }
@@ -155,7 +196,7 @@ pub const IDLE_TICKS: u64 = 2;
 pub const FRESH_FRAMES: u32 = 32;
 pub const FRESH_WITHIN: Duration = Duration::from_secs(1);
 
-/// The process before a hostile case, with the backend warmed up.
+/// The process before a hostile case, with the backend or switch warmed up.
 #[derive(Debug)]
 pub struct Baseline<'a> {
     pub usage: Usage,
@@ -163,10 +204,10 @@ pub struct Baseline<'a> {
 }
 
 impl<'a> Baseline<'a> {
-    /// Serves one well-behaved connection on `b` (its workers then have their epoll sets, the
-    /// allocator its arenas), and measures once the backend has closed it.
-    pub fn take(exclusive: &'a Exclusive, b: &Backend) -> Baseline<'a> {
-        assert_fresh_connection_moves_frames(b);
+    /// Serves well-behaved connections on `b` (its workers then have their epoll sets, the
+    /// allocator its arenas), and measures once they are closed.
+    pub fn take(exclusive: &'a Exclusive, b: &(impl Served + ?Sized)) -> Baseline<'a> {
+        b.assert_fresh_connection_moves_frames();
         Baseline {
             usage: Usage::settled(b),
             _exclusive: exclusive,
@@ -185,7 +226,7 @@ pub fn backend_threads(b: &Backend) -> Vec<String> {
     names
 }
 
-/// Whether this process has a thread named `name`.
+/// Whether this process has a thread named `name` (as /proc shows it: see [`comm`]).
 pub fn thread_exists(name: &str) -> bool {
     let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
         return false;
@@ -195,9 +236,24 @@ pub fn thread_exists(name: &str) -> bool {
         .any(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim_end() == name))
 }
 
-/// None of the backend's threads has ended: its accept loop and every worker (a panic on
-/// hostile input would end one).
-pub fn assert_alive(b: &Backend) {
+/// A thread's name as /proc shows it: Linux keeps its first 15 bytes (TASK_COMM_LEN, 16 with
+/// the NUL), so `virtnet-port-vm1` is `virtnet-port-vm`.
+pub fn comm(name: &str) -> String {
+    let mut end = name.len().min(15);
+    while !name.is_char_boundary(end) {
+        end -= 1;
+    }
+    name[..end].to_string()
+}
+
+/// None of the threads of `b` has ended (a panic on hostile input would end one), and its
+/// workers run under their seccomp filter if it has one.
+pub fn assert_alive(b: &(impl Served + ?Sized)) {
+    b.assert_alive();
+}
+
+/// None of the backend's threads has ended: its accept loop and every worker.
+fn assert_backend_alive(b: &Backend) {
     assert!(b.is_serving(), "the backend's accept loop has ended");
     let queues = (0..b.device.pairs())
         .map(QueueId::Rx)
@@ -225,10 +281,13 @@ pub fn assert_alive(b: &Backend) {
     }
 }
 
-/// Each of the backend's threads takes at most [`IDLE_TICKS`] over one second: nothing may
-/// be running against it meanwhile. Its connections may be open, as a hostile case left them.
-pub fn assert_idle(b: &Backend) {
-    let names = backend_threads(b);
+/// Each of the threads of `b` takes at most [`IDLE_TICKS`] over one second: nothing may be
+/// running against it meanwhile. Its connections may be open, as a hostile case left them.
+/// Threads of one name (a switch's ports' control-queue workers) are counted together.
+pub fn assert_idle(b: &(impl Served + ?Sized)) {
+    let mut names = b.threads();
+    names.sort();
+    names.dedup();
     std::thread::sleep(Duration::from_millis(200));
     let before: Vec<u64> = names.iter().map(|n| thread_cpu_ticks(n)).collect();
     std::thread::sleep(Duration::from_secs(1));
@@ -241,10 +300,16 @@ pub fn assert_idle(b: &Backend) {
     }
 }
 
+/// Fresh connections to `b` move frames within [`FRESH_WITHIN`] of starting to connect, and
+/// are then closed (see [`Served::assert_fresh_connection_moves_frames`]).
+pub fn assert_fresh_connection_moves_frames(b: &(impl Served + ?Sized)) {
+    b.assert_fresh_connection_moves_frames();
+}
+
 /// A new connection to `b` moves [`FRESH_FRAMES`] frames (echoed, or generated by a null
 /// port; into the TAP, for a TAP backend) within [`FRESH_WITHIN`] of starting to connect, and
 /// is then closed.
-pub fn assert_fresh_connection_moves_frames(b: &Backend) {
+fn assert_backend_moves_frames(b: &Backend) {
     let start = Instant::now();
     let mut p = connect(b, WANTED);
     let got = match &b.tap {
@@ -274,15 +339,15 @@ pub fn assert_fresh_connection_moves_frames(b: &Backend) {
     assert!(took <= FRESH_WITHIN, "a fresh connection took {took:?}");
 }
 
-/// What a user sees after a hostile case on `b` is what they saw at `base`: the backend's
-/// threads alive and idle, a fresh connection moving frames within a second, as many
+/// What a user sees after a hostile case on `b` is what they saw at `base`: its threads
+/// alive and idle, fresh connections moving frames within a second, as many
 /// descriptors as at `base`, no more threads, and no more memory than [`RSS_SLACK_KIB`]
 /// beyond. The case's own connections must be closed by now.
 ///
 /// Descriptors must be exactly as many: nothing else in the process opens or closes any
 /// while the tests that measure hold [`Exclusive`]. Threads are compared as no more: the test
 /// harness's own come and go around the lock (one test's ends, the next one's starts).
-pub fn assert_recovered(b: &Backend, base: &Baseline) {
+pub fn assert_recovered(b: &(impl Served + ?Sized), base: &Baseline) {
     assert_alive(b);
     assert_idle(b);
     assert_fresh_connection_moves_frames(b);

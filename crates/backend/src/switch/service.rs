@@ -17,7 +17,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
@@ -46,6 +46,10 @@ pub const UPLINK: PortId = match PortId::new(0) {
     Some(p) => p,
     None => unreachable!(),
 };
+
+/// How long [`Switch::remove_port`] waits for the port's serving thread: its session stops
+/// the port's queues (each within 5 s, `Device::stop_all_queues`), which they already are.
+pub const REMOVE_WAIT: Duration = Duration::from_secs(5);
 
 /// The most MAC addresses learned behind the uplink (the host and its LAN).
 pub const UPLINK_LEARN_LIMIT: usize = 4096;
@@ -260,6 +264,16 @@ impl Switch {
         &self.core
     }
 
+    /// How the switch runs.
+    pub fn config(&self) -> &SwitchConfig {
+        &self.config
+    }
+
+    /// The workers, in order (`virtnet-switch<k>`).
+    pub fn workers(&self) -> impl Iterator<Item = &Arc<WorkerHandle>> {
+        self.lanes.iter().map(|l| &l.worker)
+    }
+
     /// The uplink's TAP and its counters, if the switch has one.
     pub fn uplink(&self) -> Option<(&str, &UplinkCounters)> {
         self.uplink.as_ref().map(|(n, c)| (n.as_str(), &**c))
@@ -354,24 +368,47 @@ impl Switch {
     }
 
     /// Removes port `name`: no frame reaches it or leaves it from now on, its queues stop,
-    /// its MAC table entries go, and its socket is no longer served (a frontend still
-    /// connected keeps its connection until it leaves, and moves no frame).
+    /// its MAC table entries go, and its frontend is disconnected, as from a device that went
+    /// away: the connection being served is closed (the frontend reads its end), a listening
+    /// port's socket file is removed, a client port connects no more. Returns once the port's
+    /// serving thread has ended, or after [`REMOVE_WAIT`] (the thread is left to end then).
     pub fn remove_port(&self, name: &str) -> io::Result<()> {
-        let member = self
+        let mut member = self
             .ports()
             .remove(name)
             .ok_or_else(|| invalid(format!("no port named {name}")))?;
         self.core.remove_port(member.id);
         member.device.stop_all_queues();
         member.stop.store(true, Relaxed);
+        // After the stop: a session that starts meanwhile is refused, and the serving loop
+        // then sees the stop.
+        member.device.retire();
         if !member.spec.client {
             // Wake the accepting thread, which then sees the stop; the socket file goes.
             let _ = std::os::unix::net::UnixStream::connect(&member.spec.socket);
             let _ = std::fs::remove_file(&member.spec.socket);
         }
-        drop(member.serving);
+        if let Some(serving) = member.serving.take() {
+            let deadline = Instant::now() + REMOVE_WAIT;
+            while !serving.is_finished() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            if serving.is_finished() {
+                let _ = serving.join();
+            } else {
+                tracing::warn!(port = name, "the port's serving thread has not ended yet");
+            }
+        }
         tracing::info!(port = name, "port removed");
         Ok(())
+    }
+
+    /// Whether port `name`'s socket is still served (its thread has not ended); None without
+    /// such a port.
+    pub fn is_serving(&self, name: &str) -> Option<bool> {
+        let ports = self.ports();
+        let member = ports.get(name)?;
+        Some(member.serving.as_ref().is_some_and(|t| !t.is_finished()))
     }
 
     /// Every port's device, by name.
