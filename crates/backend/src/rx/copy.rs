@@ -194,6 +194,10 @@ impl Pieces<'_> {
     }
 }
 
+/// A frame of up to this many bytes, header included, that one buffer holds is written in one
+/// piece, from a copy on the stack.
+const SHORT: usize = 128;
+
 /// Bytes of a frame's first buffer prefetched for writing while the others' buffers are
 /// popped: its header and first bytes, what a short frame is.
 const PREFETCH_FIRST: usize = 128;
@@ -271,6 +275,21 @@ fn write_pieces(
     let mut hdr = f.hdr;
     hdr.num_buffers = chains.len() as u16;
     let hdr = hdr.to_bytes();
+    if let ([c], None) = (chains, f.rest) {
+        // A short frame in one buffer, the usual case: header and frame in one write.
+        let n = hdr_len + f.prefix.len();
+        if let Some(s) = c
+            .writable()
+            .first()
+            .filter(|s| s.len as usize >= n && n <= SHORT)
+        {
+            let mut buf = [0u8; SHORT];
+            buf[..hdr_len].copy_from_slice(&hdr[..hdr_len]);
+            buf[hdr_len..n].copy_from_slice(f.prefix);
+            rx.memory().write(s.addr, &buf[..n])?;
+            return rx.add_used_written(c, n as u32, true);
+        }
+    }
     let (mut hdr, mut prefix) = (&hdr[..hdr_len], f.prefix);
     let mut rest = f.rest.map(|(mem, t)| Reader::from_tail(mem, t));
     for (i, c) in chains.iter().enumerate() {

@@ -16,7 +16,7 @@ use vring::Error as RingError;
 
 use super::fdb::{Fdb, FdbConfig, FdbShow, Learn};
 use super::flow::{self, Inbound};
-use super::forward::{decide, PortConfig, Ports, Verdict};
+use super::forward::{decide, Frame, PortConfig, Ports, Verdict};
 use super::port::{PortId, PortSet, MAX_PORTS};
 use super::sink::Sink;
 use super::tap::UplinkQueue;
@@ -159,19 +159,32 @@ impl SwitchCore {
         learns.clear();
         {
             let fdb = self.fdb.read();
+            // The last frame forwarded with nothing to learn, and where it went: a batch is
+            // mostly one flow or a few, and under the same locks and tick a frame with the
+            // same addresses gets the same decision (drops are decided each time, for their
+            // counters).
+            let mut last: Option<(Frame, PortSet)> = None;
             for (k, f) in frames.iter().enumerate() {
                 let Some(frame) = flow::frame(f.prefix) else {
                     // Shorter than an Ethernet header: nothing to switch on.
                     sent.push(Sent::Dropped);
                     continue;
                 };
-                let d = decide(&table.ports, &fdb, from, frame, now);
-                learns.extend(d.learn);
-                let to = match d.verdict {
-                    Verdict::Forward(to) => to,
-                    Verdict::Drop(_) => {
-                        sent.push(Sent::Dropped);
-                        continue;
+                let to = match last {
+                    Some((seen, to)) if seen == frame => to,
+                    _ => {
+                        let d = decide(&table.ports, &fdb, from, frame, now);
+                        learns.extend(d.learn);
+                        match d.verdict {
+                            Verdict::Forward(to) => {
+                                last = d.learn.is_none().then_some((frame, to));
+                                to
+                            }
+                            Verdict::Drop(_) => {
+                                sent.push(Sent::Dropped);
+                                continue;
+                            }
+                        }
                     }
                 };
                 sent.push(Sent::Taken);
