@@ -17,6 +17,7 @@ pub mod encode;
 pub mod fdb;
 pub mod mem;
 pub mod rings;
+pub mod switch_forward;
 pub mod vhost_user;
 pub mod walk;
 

@@ -4,14 +4,15 @@
 //! seeds and whatever else was added by hand (minimised crashes), is replayed too.
 //!
 //! One file per target, named after its harness: [`device`] (`device_queue`), [`driver`]
-//! (`driver_queue`), [`ctrl`] (`ctrl_queue`), [`vhost_user`] (`vhost_user`) and [`fdb`]
-//! (`fdb`). This file
+//! (`driver_queue`), [`ctrl`] (`ctrl_queue`), [`vhost_user`] (`vhost_user`), [`fdb`]
+//! (`fdb`) and [`switch_forward`] (`switch_forward`). This file
 //! writes and replays the corpus directories, and checks that every input variant encodes.
 
 mod ctrl;
 mod device;
 mod driver;
 mod fdb;
+mod switch_forward;
 mod vhost_user;
 
 use std::path::{Path, PathBuf};

@@ -41,7 +41,7 @@ mod input;
 mod live;
 mod protocol;
 mod traffic;
-mod tx_header;
+pub(crate) mod tx_header;
 
 pub use guest::{Patience, FUZZING, SEEDS};
 pub use input::{

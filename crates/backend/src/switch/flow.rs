@@ -60,10 +60,17 @@ fn network(prefix: &[u8]) -> Option<(u16, usize)> {
     Some((ty, at + 2))
 }
 
+/// An Ethernet header: destination, source, ethertype (Linux's ETH_HLEN).
+const ETH_HLEN: usize = 14;
+
 /// The addresses of a frame whose first bytes are `prefix`; None for one shorter than an
-/// Ethernet header. A RARP request, or a gratuitous ARP (sender and target protocol addresses
-/// equal), announces its source: a guest that migrated here moves its MAC to this port at once.
+/// Ethernet header (its ethertype too: a TAP refuses such a frame, and no receiver takes it).
+/// A RARP request, or a gratuitous ARP (sender and target protocol addresses equal),
+/// announces its source: a guest that migrated here moves its MAC to this port at once.
 pub fn frame(prefix: &[u8]) -> Option<Frame> {
+    if prefix.len() < ETH_HLEN {
+        return None;
+    }
     let (dst, src) = Mac::from_header(prefix)?;
     let announce = match network(prefix) {
         Some((ETH_P_RARP, _)) => true,
@@ -172,6 +179,17 @@ mod tests {
         assert_eq!(f.src, Mac::new([2, 0, 0, 0, 0, 1]));
         assert!(!f.announce);
         assert!(frame(&[0u8; 11]).is_none());
+    }
+
+    /// Found by the `switch_forward` fuzz target (corpus/switch_forward/regression-runt):
+    /// a 12- or 13-byte frame, addresses but no ethertype, was switched (learned from,
+    /// delivered to other guests) as a frame. A TAP refuses one shorter than ETH_HLEN.
+    #[test]
+    fn regression_a_frame_without_its_ethertype_has_nothing_to_switch_on() {
+        let f = udp4(1);
+        assert!(frame(&f[..12]).is_none());
+        assert!(frame(&f[..13]).is_none());
+        assert!(frame(&f[..14]).is_some());
     }
 
     #[test]

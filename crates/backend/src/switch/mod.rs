@@ -22,8 +22,8 @@
 //! - [`filter`]: a port's receive filter, as its driver sets it on the control queue;
 //! - [`mac`], [`port`]: MAC addresses; port numbers and sets of them; [`tick`]: the time
 //!   the callers pass in; [`error`]: refused configurations;
-//! - `model` (for tests, and the `fdb` fuzz target with the `fuzzing` feature): a reference
-//!   model of the FDB and the decision that they are checked against.
+//! - `model` (for tests, and the `fdb` and `switch_forward` fuzz targets with the `fuzzing`
+//!   feature): a reference model of the FDB and the decision that they are checked against.
 //!
 //! A worker's batch, from one port:
 //!

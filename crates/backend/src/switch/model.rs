@@ -11,6 +11,9 @@
 //! reservation, every counter). It also checks that the table never holds more than its
 //! capacity and that its memory never changes.
 //!
+//! [`Reference`] is the model alone, for the `switch_forward` fuzz target, which drives the
+//! switch with real frames through its running parts.
+//!
 //! Operations name ports, MACs and times by small numbers, so that random sequences hit the
 //! same few addresses and ports over and over (moves, limits, conflicts) and cross the age
 //! and the move hold often.
@@ -386,6 +389,54 @@ impl Model {
 
     fn count(&mut self, p: PortId, f: impl FnOnce(&mut PortCountersSnapshot)) {
         f(&mut self.ports.get_mut(&p).expect("the source port").dropped);
+    }
+}
+
+/// The model alone, for a harness that drives the switch through its running parts rather
+/// than its pure calls (the `switch_forward` fuzz target: real frames through
+/// `SwitchCore::forward`). Its time stands still at 0, so an entry never ages and a learned
+/// MAC seen on another port is always held (it moves only when announced): the switch under
+/// test must be given an age and a move hold longer than any run, and the FDB's capacity
+/// [`CAPACITY`].
+#[derive(Debug, Default)]
+pub struct Reference {
+    model: Model,
+}
+
+impl Reference {
+    pub fn new() -> Reference {
+        Reference::default()
+    }
+
+    /// `Ports::add`: the model's answer.
+    pub fn add_port(&mut self, p: PortId, config: PortConfig) -> Result<(), SwitchError> {
+        self.model.add_port(p, config)
+    }
+
+    /// `decide`, on the model's table as it is: where `frame` from `from` goes, and what is
+    /// left to learn after the batch.
+    pub fn decide(&mut self, from: PortId, frame: Frame) -> Decision {
+        self.model.decide(from, frame)
+    }
+
+    /// `Fdb::learn` of a decision's request, after its batch.
+    pub fn learn(&mut self, req: Learn) -> Option<Learned> {
+        self.model.learn(req.mac, req.port, req.announce, true)
+    }
+
+    /// Every entry: MAC, port, static.
+    pub fn entries(&self) -> Vec<(Mac, PortId, bool)> {
+        let e = self.model.entries.iter();
+        e.map(|(m, e)| (*m, e.port, e.is_static)).collect()
+    }
+
+    pub fn counters(&self) -> FdbCountersSnapshot {
+        self.model.counters
+    }
+
+    /// Port `p`'s drop counters.
+    pub fn port_counters(&self, p: PortId) -> Option<PortCountersSnapshot> {
+        self.model.ports.get(&p).map(|mp| mp.dropped)
     }
 }
 
