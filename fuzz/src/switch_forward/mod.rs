@@ -29,8 +29,9 @@
 //!   built here (its checksum asked for, the field seeded as Linux does) is right;
 //! - a frame a ring has no room for is counted (`rx_missed`), as is one larger than any
 //!   buffers hold or the MTU (`dropped`) and one the receive filter refuses (`filtered`); a
-//!   buffer without a writable byte breaks the ring, and a broken ring or one not running
-//!   takes nothing more;
+//!   buffer without a writable byte breaks the ring, and a broken ring takes nothing more
+//!   and counts each frame it is offered (`rx_missed`), those of the chunk that broke it
+//!   included; one never started takes nothing;
 //! - the tx, rx and per-port drop counters, every MAC table entry and the table's counters
 //!   are the models'.
 //!
@@ -249,7 +250,9 @@ impl RxQueue {
     /// when the ring breaks. Whether it broke.
     fn end_chunk(&mut self, mode: &RxMode) -> bool {
         let (mut packets, mut bytes, mut missed) = (0, 0, false);
-        for (h, b) in std::mem::take(&mut self.chunk) {
+        let chunk = std::mem::take(&mut self.chunk);
+        let n = chunk.len() as u64;
+        for (h, b) in chunk {
             if missed {
                 self.counts.rx_missed += 1;
                 continue;
@@ -260,7 +263,11 @@ impl RxQueue {
                     bytes += b.len() as u64;
                 }
                 Fate::NoRoom => missed = true,
-                Fate::Broke => return true,
+                Fate::Broke => {
+                    // The whole chunk is missed, the frames put in before the break too.
+                    self.counts.rx_missed += n;
+                    return true;
+                }
                 _ => {}
             }
         }
@@ -636,7 +643,11 @@ impl Harness {
             0
         };
         let q = &mut dest.rx[pair];
-        if !q.ring.running || q.ring.broken {
+        if !q.ring.running {
+            return;
+        }
+        if q.ring.broken {
+            q.counts.rx_missed += 1;
             return;
         }
         let offer = model::offer(hdr, frame, dest.features, dest.mtu, seeded);
@@ -650,7 +661,8 @@ impl Harness {
             return;
         }
         if q.end_chunk(&mode) {
-            // The frame is lost with the chunk before it.
+            // The frame is lost (and missed) with the chunk before it.
+            q.counts.rx_missed += 1;
             self.out.broken += 1;
             return;
         }
@@ -674,6 +686,7 @@ impl Harness {
                 // No room for this one: none for the rest either.
                 Fate::NoRoom => break,
                 Fate::Broke => {
+                    q.counts.rx_missed += 1;
                     self.out.broken += 1;
                     break;
                 }

@@ -159,10 +159,10 @@ impl SwitchCore {
         learns.clear();
         {
             let fdb = self.fdb.read();
-            // The last frame forwarded with nothing to learn, and where it went: a batch is
-            // mostly one flow or a few, and under the same locks and tick a frame with the
-            // same addresses gets the same decision (drops are decided each time, for their
-            // counters).
+            // The last frame forwarded from a source known on this port, and where it went: a
+            // batch is mostly one flow or a few, and under the same locks and tick a frame with
+            // the same addresses gets the same decision (drops and refused sources are decided
+            // each time, for their counters).
             let mut last: Option<(Frame, PortSet)> = None;
             for (k, f) in frames.iter().enumerate() {
                 let Some(frame) = flow::frame(f.prefix) else {
@@ -177,7 +177,10 @@ impl SwitchCore {
                         learns.extend(d.learn);
                         match d.verdict {
                             Verdict::Forward(to) => {
-                                last = d.learn.is_none().then_some((frame, to));
+                                // Reused only when the source is known here: its learning
+                                // just refreshed it, and counted nothing.
+                                let known = fdb.lookup(frame.src) == Some(from);
+                                last = (d.learn.is_none() && known).then_some((frame, to));
                                 to
                             }
                             Verdict::Drop(_) => {

@@ -50,8 +50,9 @@ struct State {
     path: RxPath,
     /// A frame copied whole, for its checksum to be finished or to be segmented.
     scratch: Vec<u8>,
-    /// The running queue's counters, held here rather than cloned per frame: a locked
-    /// reference count update would wait for the frame's stores into the guest to drain.
+    /// The queue's counters (kept once it stops, for the frames it then misses), held here
+    /// rather than cloned per frame: a locked reference count update would wait for the
+    /// frame's stores into the guest to drain.
     counters: Option<Arc<QueueCounters>>,
 }
 
@@ -80,9 +81,7 @@ impl Sink {
     /// Gives back the rx queue, stopped.
     pub fn stop(&self) -> Option<QueueRuntime> {
         self.held.store(false, Relaxed);
-        let mut state = self.lock();
-        state.counters = None;
-        state.path.stop()
+        self.lock().path.stop()
     }
 
     /// When the call held on the queue is due, if one is.
@@ -123,12 +122,19 @@ impl Sink {
             scratch,
             counters,
         } = &mut *state;
-        let (Some(counters), Some(q)) = (counters.as_deref(), path.usable()) else {
-            // No queue running (or it broke): nowhere to put them.
-            return Delivered {
-                frames: 0,
-                dropped: frames.into_iter().count(),
-            };
+        let nowhere = |frames: usize| Delivered {
+            frames: 0,
+            dropped: frames,
+        };
+        let Some(counters) = counters.as_deref() else {
+            // The guest never started the queue: nowhere to put them, nor to count them.
+            return nowhere(frames.into_iter().count());
+        };
+        let Some(q) = path.usable() else {
+            // The queue broke, or stopped: missed, as by a NIC whose ring is down.
+            let n = frames.into_iter().count();
+            counters.rx_missed.add(n as u64);
+            return nowhere(n);
         };
         let mut into = Into {
             features: q.features(),
@@ -175,8 +181,12 @@ impl Sink {
         };
         let (mut done, bytes) = (into.done, into.bytes);
         if let Some((e, lost)) = failed {
+            // The frames of the failed chunk (in buffers the guest may never see) and the
+            // rest are missed, as any later ones are.
             path.fail(e);
-            done.dropped += lost + frames.count();
+            let missed = lost + frames.count();
+            counters.rx_missed.add(missed as u64);
+            done.dropped += missed;
         }
         let Some(q) = path.queue_mut() else {
             return done;
