@@ -194,7 +194,7 @@ impl Pieces<'_> {
     }
 }
 
-/// A frame of up to this many bytes, header included, that one buffer holds is written in one
+/// A frame's header and first bytes, when they are at most this long, are written in one
 /// piece, from a copy on the stack.
 const SHORT: usize = 128;
 
@@ -265,7 +265,8 @@ pub(super) fn deliver_pieces(
     Ok(())
 }
 
-/// Copies `f` into `chains`, popped for it, and adds them to the used ring.
+/// Copies `f` into `chains`, popped for it, and adds them to the used ring. The header and
+/// the frame's first bytes go in one write, from a copy on the stack, when they are short.
 fn write_pieces(
     rx: &mut QueueRuntime,
     f: &Pieces<'_>,
@@ -275,29 +276,24 @@ fn write_pieces(
     let mut hdr = f.hdr;
     hdr.num_buffers = chains.len() as u16;
     let hdr = hdr.to_bytes();
-    if let ([c], None) = (chains, f.rest) {
-        // A short frame in one buffer, the usual case: header and frame in one write.
-        let n = hdr_len + f.prefix.len();
-        if let Some(s) = c
-            .writable()
-            .first()
-            .filter(|s| s.len as usize >= n && n <= SHORT)
-        {
-            let mut buf = [0u8; SHORT];
-            buf[..hdr_len].copy_from_slice(&hdr[..hdr_len]);
-            buf[hdr_len..n].copy_from_slice(f.prefix);
-            rx.memory().write(s.addr, &buf[..n])?;
-            return rx.add_used_written(c, n as u32, true);
-        }
-    }
-    let (mut hdr, mut prefix) = (&hdr[..hdr_len], f.prefix);
+    let mut joined = [0u8; SHORT];
+    let n = hdr_len + f.prefix.len();
+    let (mut first, mut second) = if n <= SHORT {
+        joined[..hdr_len].copy_from_slice(&hdr[..hdr_len]);
+        joined[hdr_len..n].copy_from_slice(f.prefix);
+        (&joined[..n], &[][..])
+    } else {
+        (&hdr[..hdr_len], f.prefix)
+    };
     let mut rest = f.rest.map(|(mem, t)| Reader::from_tail(mem, t));
     for (i, c) in chains.iter().enumerate() {
         let mut w = Writer::new(rx.memory(), c.writable());
-        let k = w.write(hdr)?;
-        hdr = &hdr[k..];
-        let k = w.write(prefix)?;
-        prefix = &prefix[k..];
+        let k = w.write(first)?;
+        first = &first[k..];
+        if !second.is_empty() {
+            let k = w.write(second)?;
+            second = &second[k..];
+        }
         if let Some(r) = rest.as_mut() {
             let room = w.remaining();
             w.copy_from(r, room)?;
