@@ -1,13 +1,16 @@
-//! A guest's rx queue of one pair as the switch delivers into it: whichever worker forwards a
-//! frame for the guest locks the sink, puts the frame in, and calls the guest.
+//! A guest's rx queue of one pair as the switch delivers into it: whichever worker forwards
+//! frames for the guest locks the sink, puts them in, and calls the guest.
 //!
 //! A frame goes in as the guest can take it (`vnet::gso::delivery`): as sent, its virtio-net
-//! header passed on, when the guest negotiated the offloads the header uses; otherwise copied
-//! whole into the sink's scratch buffer, its checksum finished and a super-frame segmented in
-//! software, byte for byte as Linux's GSO would, each segment delivered on its own. A frame the
-//! guest's ring has no room for is dropped and counted (`rx_missed`), never waited for: a
-//! guest that does not post buffers costs the sender nothing but the drop. One longer than the
-//! guest's MTU (a frame that is not a super-frame) is dropped and counted (`dropped`).
+//! header passed on, when the guest negotiated the offloads the header uses (those go in
+//! chunks, [`RxPath::deliver_pieces`]: the chunk's buffers popped and prefetched, then the
+//! frames copied); otherwise copied whole into the sink's scratch buffer, its checksum
+//! finished and a super-frame segmented in software, byte for byte as Linux's GSO would, each
+//! segment delivered on its own. A frame the guest's ring has no room for is dropped and
+//! counted (`rx_missed`), never waited for, and so are the frames after it in its chunk, and
+//! every frame for a queue that broke or stopped: a guest that does not post buffers costs the
+//! sender nothing but the drop. One longer than the guest's MTU (a frame that is not a
+//! super-frame) is dropped and counted (`dropped`).
 
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard};
