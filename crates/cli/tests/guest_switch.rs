@@ -6,7 +6,7 @@
 //!   that takes no offload (the switch segments in software), with offloads on neither guest
 //!   (no super-frame at all), and with two queue pairs each (both pairs carry frames);
 //! - a guest reaches the host through the switch's TAP uplink (in a network namespace): ping,
-//!   iperf3 both ways.
+//!   iperf3 both ways, sockperf ping-pong both ways.
 //!
 //! Needs root (QEMU's packages); skips with a printed reason otherwise
 //! (`VIRTNET_GUEST_REQUIRE=1` turns the skip into a failure). Recipe: docs/GUEST.md.
@@ -15,8 +15,9 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use testkit::guest::{Guest, GuestConfig, GuestImage, Netdev, GUEST_REQUIREMENTS};
+use testkit::guest::{Guest, GuestConfig, GuestImage, GuestRun, Netdev, GUEST_REQUIREMENTS};
 use testkit::packages;
+use testkit::process::run_checked;
 use testkit::report;
 
 const TEST: &str = "guest_switch";
@@ -64,6 +65,76 @@ fn port_counter(ports: &serde_json::Value, name: &str, kind: &str, counter: &str
         .sum()
 }
 
+/// The guest scripts' sockperf client: `sockperf_ping_pong ADDRESS` runs sockperf ping-pong
+/// (UDP) for 2 s against a server at ADDRESS, port 11111, and reports its average latency and
+/// p99 as the results `sockperf_avg_us` and `sockperf_p99_us` (read by `Latency::of_guest`).
+const SOCKPERF_PING_PONG: &str = r#"
+sockperf_ping_pong() {
+    sockperf ping-pong -i "$1" -p 11111 -t 2 > /tmp/sockperf.txt 2>&1
+    cat /tmp/sockperf.txt
+    vn_result sockperf_avg_us "$(sed -n 's/.*avg-latency=\([0-9.]*\).*/\1/p' /tmp/sockperf.txt | head -n 1)"
+    vn_result sockperf_p99_us "$(sed -n 's/.*percentile 99.000 = *\([0-9.]*\).*/\1/p' /tmp/sockperf.txt)"
+}
+"#;
+
+/// What one sockperf ping-pong run measured, in microseconds.
+struct Latency {
+    avg_us: f64,
+    p99_us: f64,
+}
+
+impl Latency {
+    /// The figures of the guest script's `sockperf_ping_pong`.
+    fn of_guest(run: &GuestRun) -> Latency {
+        let figure = |key: &str| -> f64 {
+            run.result(key)
+                .and_then(|us| us.parse().ok())
+                .unwrap_or_else(|| panic!("no sockperf figure {key}: {:?}", run.results))
+        };
+        Latency {
+            avg_us: figure("sockperf_avg_us"),
+            p99_us: figure("sockperf_p99_us"),
+        }
+    }
+
+    /// The figures in sockperf ping-pong's own report (a run on the host), found as the guest
+    /// script's sed finds them: the number after `avg-latency=` and after `percentile 99.000 =`.
+    fn of_report(report: &str) -> Latency {
+        let figure = |key: &str| -> f64 {
+            report
+                .lines()
+                .find_map(|line| {
+                    let rest = line.split_once(key)?.1.trim_start();
+                    let end = rest
+                        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+                        .unwrap_or(rest.len());
+                    rest[..end].parse().ok()
+                })
+                .unwrap_or_else(|| panic!("no {key} in sockperf's report:\n{report}"))
+        };
+        Latency {
+            avg_us: figure("avg-latency="),
+            p99_us: figure("percentile 99.000 ="),
+        }
+    }
+
+    /// Reports the figures of the ping-pong over `path` and asserts they are plausible: above
+    /// zero, and an average under a second (TCG puts it in the hundreds of microseconds; a
+    /// pause of the whole machine could add a few long round trips, not thousands).
+    fn check(&self, path: &str) {
+        report(&format!(
+            "sockperf ping-pong {path}: {} us average, {} us p99 (TCG-bound)",
+            self.avg_us, self.p99_us
+        ));
+        assert!(
+            self.avg_us > 0.0 && self.avg_us < 1e6 && self.p99_us > 0.0,
+            "implausible sockperf latency over {path}: {} us average, {} us p99",
+            self.avg_us,
+            self.p99_us
+        );
+    }
+}
+
 /// The guest `k`'s script: wait until the other answers, then ping it; guest 0 serves
 /// sockperf and one iperf3 run, guest 1 runs sockperf ping-pong for 2 s, then iperf3.
 fn script(k: usize, pairs: u16) -> String {
@@ -91,17 +162,14 @@ iperf=$!
     // With -P, the last "receiver" line is the sum of the streams.
     let client = r#"
 sleep 1
-sockperf ping-pong -i "$VN_PEER" -p 11111 -t 2 > /tmp/sockperf.txt 2>&1
-cat /tmp/sockperf.txt
-vn_result sockperf_avg_us "$(sed -n 's/.*avg-latency=\([0-9.]*\).*/\1/p' /tmp/sockperf.txt | head -n 1)"
-vn_result sockperf_p99_us "$(sed -n 's/.*percentile 99.000 = *\([0-9.]*\).*/\1/p' /tmp/sockperf.txt)"
+sockperf_ping_pong "$VN_PEER"
 iperf3 -c "$VN_PEER" -p 5201 -t 3 -P STREAMS -f m > /tmp/up.txt
 cat /tmp/up.txt
 vn_result mbps "$(awk '/receiver/ { for (i = 2; i <= NF; i++) if ($i == "Mbits/sec") m = $(i - 1) } END { print m }' /tmp/up.txt)"
 sleep 1
 "#;
     format!(
-        "{wait}{}",
+        "{SOCKPERF_PING_PONG}{wait}{}",
         client.replace("STREAMS", &(6 * pairs).to_string())
     )
 }
@@ -244,15 +312,7 @@ fn two_guests(offloads: Offloads, pairs: u16) {
         "iperf3 vm1 -> vm0 through the switch: {mbps} Mbit/s (TCG-bound)"
     ));
     assert!(mbps > 0.0);
-    let latency: f64 = runs[1]
-        .result("sockperf_avg_us")
-        .and_then(|us| us.parse().ok())
-        .unwrap_or_else(|| panic!("no sockperf latency: {:?}", runs[1].results));
-    report(&format!(
-        "sockperf ping-pong vm1 -> vm0 through the switch: {latency} us average, {} us p99 (TCG-bound)",
-        runs[1].result("sockperf_p99_us").unwrap_or("?")
-    ));
-    assert!(latency > 0.0);
+    Latency::of_guest(&runs[1]).check("vm1 -> vm0 through the switch");
 
     // What the guests counted went through the switch's ports: vm1's transmit is vm0's
     // receive, frame for frame (the switch dropped none: no other port, no spoofing).
@@ -315,7 +375,8 @@ fn two_guests(offloads: Offloads, pairs: u16) {
 
 /// A guest on `virtnet switch --uplink`, the switch and the host's end of the uplink in a
 /// network namespace: the guest pings the host's address on the TAP and runs iperf3 TCP to a
-/// server there and back (`-R`), its TSO super-frames going out of the uplink whole.
+/// server there and back (`-R`), its TSO super-frames going out of the uplink whole; then
+/// sockperf ping-pong to a server on the host, and from the host to a server in the guest.
 #[test]
 fn a_linux_guest_reaches_the_host_through_the_switchs_tap_uplink() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
@@ -384,6 +445,15 @@ fn a_linux_guest_reaches_the_host_through_the_switchs_tap_uplink() {
             l.contains("Server listening")
         })
         .expect("iperf3 server listening");
+    // The guest's ping-pong comes long after the server is up (the guest boots first).
+    let sockperf_server = ns
+        .spawn(
+            &["sockperf", "server", "-i", "10.99.0.1", "-p", "11111"],
+            Some(&dir.join("sockperf.log")),
+        )
+        .expect("sockperf server");
+    // After its own ping-pong, the guest serves one from the host until the host connects to
+    // port 11112 (busybox nc, which then ends) to say it is done.
     let script = r#"
 ping -c 5 -i 0.2 -W 2 "$VN_PEER" > /tmp/ping.txt || true
 cat /tmp/ping.txt
@@ -395,16 +465,35 @@ vn_result up "$(mbps /tmp/up.txt)"
 iperf3 -c "$VN_PEER" -p 5201 -t 3 -f m -R > /tmp/down.txt
 cat /tmp/down.txt
 vn_result down "$(mbps /tmp/down.txt)"
+sockperf_ping_pong "$VN_PEER"
+sockperf server -i "${VN_IP%/*}" -p 11111 > /tmp/sockperf-server.txt 2>&1 &
+server=$!
+nc -l -p 11112 < /dev/null > /dev/null &
+told=$!
+sleep 1
+vn_mark sockperf-server
+wait $told
+kill $server
 sleep 1
 "#;
-    let mut c = GuestConfig::vhost_user(&sock, script);
+    let mut c = GuestConfig::vhost_user(&sock, &format!("{SOCKPERF_PING_PONG}{script}"));
     c.mac = Some(MAC[1].into());
+    let guest_ip = c.ip.split('/').next().unwrap().to_string();
     let gdir = dir.join("vm");
     std::fs::create_dir_all(&gdir).unwrap();
-    let run = Guest::start(image, c, &gdir)
-        .expect("QEMU")
-        .finish()
-        .expect("guest run");
+    let mut guest = Guest::start(image, c, &gdir).expect("QEMU");
+    // READY first, so the run's timing has the boot and not the wait for the mark.
+    guest.wait_ready().expect("guest ready");
+    guest
+        .wait_mark("sockperf-server", Duration::from_secs(150))
+        .expect("the guest's sockperf server");
+    let mut ping_pong = ns.command("sockperf");
+    ping_pong.args(["ping-pong", "-i", &guest_ip, "-p", "11111", "-t", "2"]);
+    let host_report = run_checked("sockperf", ping_pong, Duration::from_secs(60));
+    // Whatever the host's run did, the guest may end.
+    ns.run(|| std::net::TcpStream::connect((guest_ip.as_str(), 11112)))
+        .expect("telling the guest the host's ping-pong is done");
+    let run = guest.finish().expect("guest run");
     report(&run.timing());
     report(&format!("results: {:?}", run.results));
     if run.script_rc != 0 {
@@ -423,11 +512,14 @@ sleep 1
         ));
         assert!(mbps > 0.0);
     }
+    Latency::of_guest(&run).check("guest -> host through the uplink");
+    Latency::of_report(&host_report.unwrap_or_else(|e| panic!("{e}")))
+        .check("host -> guest through the uplink");
     let ports = ctl(&ctl_sock, "ports");
     let out = ports["uplink"]["out"]["packets"].as_u64().unwrap();
     let into = ports["uplink"]["in"]["packets"].as_u64().unwrap();
     report(&format!("uplink: {out} frames out, {into} in"));
     assert!(out > 1000 && into > 1000, "{ports}");
-    drop(server);
+    drop((server, sockperf_server));
     let _ = std::fs::remove_dir_all(&dir);
 }
