@@ -139,7 +139,7 @@ impl Sink {
             counters.rx_missed.add(n as u64);
             return nowhere(n);
         };
-        let mut into = Into {
+        let mut filling = Filling {
             features: q.features(),
             longest: 14 + 4 + shared.mtu() as usize,
             path,
@@ -154,35 +154,35 @@ impl Sink {
         // On a ring error, the frames it cost: those of the batch and the one being resolved.
         let failed = loop {
             let Some(f) = frames.next() else {
-                break into.flush(&batch[..n]).err().map(|e| (e, n));
+                break filling.flush(&batch[..n]).err().map(|e| (e, n));
             };
-            match gso::delivery(&f.hdr, f.prefix, into.features) {
+            match gso::delivery(&f.hdr, f.prefix, filling.features) {
                 Offloads::AsSent => {
-                    if f.hdr.gso_type == HDR_GSO_NONE && f.frame_len() > into.longest as u64 {
-                        into.drop_one();
+                    if f.hdr.gso_type == HDR_GSO_NONE && f.frame_len() > filling.longest as u64 {
+                        filling.drop_one();
                         continue;
                     }
                     batch[n] = f;
                     n += 1;
                     if n == CHUNK {
-                        if let Err(e) = into.flush(&batch) {
+                        if let Err(e) = filling.flush(&batch) {
                             break Some((e, n));
                         }
                         n = 0;
                     }
                 }
                 Offloads::Resolve(csum) => {
-                    if let Err(e) = into.flush(&batch[..n]) {
+                    if let Err(e) = filling.flush(&batch[..n]) {
                         break Some((e, n + 1));
                     }
                     n = 0;
-                    if let Err(e) = into.resolve(scratch, f, csum) {
+                    if let Err(e) = filling.resolve(scratch, f, csum) {
                         break Some((e, 1));
                     }
                 }
             }
         };
-        let (mut done, bytes) = (into.done, into.bytes);
+        let (mut done, bytes) = (filling.done, filling.bytes);
         if let Some((e, lost)) = failed {
             // The frames of the failed chunk (in buffers the guest may never see) and the
             // rest are missed, as any later ones are.
@@ -212,7 +212,7 @@ impl Sink {
 const CHUNK: usize = 64;
 
 /// One [`Sink::deliver`]: the queue, what its guest takes, and what became of the frames.
-struct Into<'p, 's> {
+struct Filling<'p, 's> {
     path: &'p mut RxPath,
     shared: &'s Shared,
     counters: &'s QueueCounters,
@@ -223,7 +223,7 @@ struct Into<'p, 's> {
     bytes: u64,
 }
 
-impl Into<'_, '_> {
+impl Filling<'_, '_> {
     /// Puts `frames`, each as sent, into the queue; says how many found no room.
     fn flush(&mut self, frames: &[Pieces<'_>]) -> Result<usize, vring::Error> {
         let mut missed = 0;
