@@ -1,7 +1,12 @@
 //! Notification coalescing seen from the driver: the same paced traffic through an echo
-//! backend with rx coalescing off and with max_packets = 16. Interrupts per packet must fall
-//! by at least 8x, no frame may be lost, and none may be held longer than max_usecs plus a
-//! scheduling margin.
+//! backend with rx coalescing off and with max_packets = 16. With coalescing, at most one
+//! interrupt per 16 packets (plus a quarter for timer releases and scheduling), at least 4x
+//! fewer than without; no frame may be lost, and none may be held longer than max_usecs plus
+//! a scheduling margin.
+//!
+//! The uncoalesced baseline is not one interrupt per packet: the receiver polls in NAPI
+//! style, and when the machine is busy one poll catches several paced frames (runs have
+//! seen 0.36 to 0.9 interrupts per packet). The coalesced bound is absolute for that reason.
 //!
 //! The margin is generous (50 ms) on purpose: this machine has two shared vCPUs running the
 //! sender, the receiver and the backend worker (plus other tests), and the kernel may delay a
@@ -68,7 +73,7 @@ fn send_paced(tx: &mut TxQueue, seqs: std::ops::Range<u32>, sent: &mut Vec<(u32,
 }
 
 #[test]
-fn max_packets_16_cuts_interrupts_8x_and_holds_nothing_past_max_usecs() {
+fn max_packets_16_signals_once_per_16_packets_and_holds_nothing_past_max_usecs() {
     let b = start_backend(
         "coal",
         BackendConfig {
@@ -120,8 +125,13 @@ fn max_packets_16_cuts_interrupts_8x_and_holds_nothing_past_max_usecs() {
         per_packet.push(irqs as f64 / packets as f64);
     }
     assert!(
-        per_packet[0] >= 8.0 * per_packet[1],
-        "interrupts per packet {:.4} -> {:.4}: less than 8x fewer",
+        per_packet[1] <= 1.25 / 16.0,
+        "coalesced: {:.4} interrupts per packet, more than one per 16 packets (+25%)",
+        per_packet[1]
+    );
+    assert!(
+        per_packet[0] >= 4.0 * per_packet[1],
+        "interrupts per packet {:.4} -> {:.4}: less than 4x fewer",
         per_packet[0],
         per_packet[1]
     );
