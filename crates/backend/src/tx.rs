@@ -4,7 +4,8 @@
 //! [`TxPath`] owns a pair's tx queue and the tx policy, the same for every port: a port whose
 //! host builds packets from the virtio-net header (a TAP's kernel) gets each header copied out
 //! of guest memory once and checked ([`check_header`]), then that copy and the frame after it,
-//! never the guest's header read again; a header a driver must not send is refused before the
+//! never the guest's header read again (a port that classifies frames, the switch's, gets
+//! their first bytes in the same copy: [`Port::tx_prefix`]); a header a driver must not send is refused before the
 //! port, counted by reason. A frame the port pushes back stays on the ring, with the frames
 //! after it, and tx waits until the port is writable.
 
@@ -18,12 +19,26 @@ use super::turn::Turn;
 /// Frames handed to a port at once, at most (its `tx_batch`, up to this).
 const MAX_BATCH: usize = vring::memory::MAX_URING_BATCH;
 
-/// A tx frame's virtio-net header, copied out of guest memory once and checked: the bytes the
-/// port gets (never the guest's, read again).
-#[derive(Clone, Copy, Debug, Default)]
+/// The most of each frame's first bytes a port may want copied with its header
+/// ([`Port::tx_prefix`]).
+pub const MAX_TX_PREFIX: usize = 64;
+
+/// A tx frame's virtio-net header, copied out of guest memory once and checked, then the
+/// frame's first bytes the port asked for, copied in the same read: the bytes the port gets
+/// (never the guest's, read again).
+#[derive(Clone, Copy, Debug)]
 pub struct TxHead {
-    bytes: [u8; vnet::HDR_LEN],
+    bytes: [u8; vnet::HDR_LEN + MAX_TX_PREFIX],
     len: u8,
+}
+
+impl Default for TxHead {
+    fn default() -> TxHead {
+        TxHead {
+            bytes: [0; vnet::HDR_LEN + MAX_TX_PREFIX],
+            len: 0,
+        }
+    }
 }
 
 impl TxHead {
@@ -32,32 +47,47 @@ impl TxHead {
     }
 }
 
-/// What [`check_header`] found: the checked header and the frame after it, or why the header
-/// must not reach the port.
-pub type Checked<'c> = Result<(TxHead, Tail<'c>), TxHdrError>;
+/// What [`check_header`] found: the frame after the bytes copied (the header checked), or
+/// why the header must not reach the port.
+pub type Checked<'c> = Result<Tail<'c>, TxHdrError>;
 
-/// Copies the virtio-net header at the start of `chain`'s readable part and checks the copy
-/// against the negotiated `features` and the frame after it. The outer error is a ring error
-/// (a segment outside memory breaks the queue); the inner one, a header the port must not get.
+/// Copies the virtio-net header at the start of `chain`'s readable part, and up to `prefix`
+/// (at most [`MAX_TX_PREFIX`]) of the frame's first bytes after it in the same read, into
+/// `head`, and checks the header's copy against the negotiated `features` and the frame after
+/// it. The tail is the frame after the bytes copied. The outer error is a ring error (a
+/// segment outside memory breaks the queue); the inner one, a header the port must not get.
+/// (`head` is written in place: returned by value, its copies cost more than the read.)
 pub fn check_header<'c>(
     mem: &GuestMemory,
     chain: &'c Chain,
     features: Features,
+    prefix: usize,
+    head: &mut TxHead,
 ) -> Result<Checked<'c>, RingError> {
     let hdr_len = vnet::hdr_len(features);
     let total = chain.readable_len() as usize;
     if total < hdr_len {
         return Ok(Err(TxHdrError::Short));
     }
-    let mut head = TxHead {
-        len: hdr_len as u8,
-        ..TxHead::default()
-    };
+    let take = prefix.min(MAX_TX_PREFIX).min(total - hdr_len);
+    let len = hdr_len + take;
+    head.len = len as u8;
     let mut r = Reader::new(mem, chain.readable());
-    r.read_exact(&mut head.bytes[..hdr_len])?;
-    Ok(NetHdr::from_bytes(&head.bytes)
-        .check_tx(features, total - hdr_len)
-        .map(|()| (head, r.tail())))
+    r.read_exact(&mut head.bytes[..len])?;
+    let mut hdr = [0u8; vnet::HDR_LEN];
+    hdr[..hdr_len].copy_from_slice(&head.bytes[..hdr_len]);
+    if let Err(why) = NetHdr::from_bytes(&hdr).check_tx(features, total - hdr_len) {
+        return Ok(Err(why));
+    }
+    if prefix > 0 {
+        // The header in HDR_LEN bytes, `num_buffers` zero (as a TAP takes it), then the
+        // frame's first bytes.
+        const NUM_BUFFERS: usize = vnet::NUM_BUFFERS_OFFSET as usize;
+        head.bytes.copy_within(hdr_len..len, vnet::HDR_LEN);
+        head.bytes[NUM_BUFFERS..vnet::HDR_LEN].fill(0);
+        head.len = (vnet::HDR_LEN + take) as u8;
+    }
+    Ok(Ok(r.tail()))
 }
 
 /// Why the frames of a batch were sent only up to one: its header refused (it goes after
@@ -71,6 +101,7 @@ struct Send<'p, 'm> {
     mem: &'m GuestMemory,
     features: Features,
     checks: bool,
+    prefix: usize,
 }
 
 impl Send<'_, '_> {
@@ -92,8 +123,8 @@ impl Send<'_, '_> {
                 bodies[k] = Tail::new(c.readable());
                 continue;
             }
-            match check_header(self.mem, c, self.features) {
-                Ok(Ok((head, body))) => (heads[k], bodies[k]) = (head, body),
+            match check_header(self.mem, c, self.features, self.prefix, &mut heads[k]) {
+                Ok(Ok(body)) => bodies[k] = body,
                 Ok(Err(why)) => {
                     (cut, stop) = (k, Some(Ok(why)));
                     break;
@@ -104,8 +135,13 @@ impl Send<'_, '_> {
                 }
             }
         }
-        let frames: [Gather<'_>; N] =
-            std::array::from_fn(|k| Gather::new(heads[k].as_bytes(), bodies[k]));
+        // Filled for the frames offered only, in place: an array built element by element
+        // through a closure read each one back from the stack (a store-forwarding stall per
+        // element, for all N of them).
+        let mut frames = [Gather::default(); N];
+        for ((g, head), body) in frames[..cut].iter_mut().zip(&heads).zip(&bodies) {
+            *g = Gather::new(head.as_bytes(), *body);
+        }
         let result = if cut > 0 {
             self.port.send(self.mem, &frames[..cut], sent)
         } else {
@@ -181,6 +217,7 @@ impl TxPath {
         let features = tx.features();
         let hdr_len = vnet::hdr_len(features);
         let checks = port.checks_tx_headers();
+        let prefix = port.tx_prefix();
         let batch = port.tx_batch().clamp(1, MAX_BATCH);
         if self.chains.len() < batch {
             self.chains.resize_with(batch, Chain::new);
@@ -217,13 +254,15 @@ impl TxPath {
                     mem,
                     features,
                     checks,
+                    prefix,
                 };
                 // The frames' arrays sized for the batch: a port that takes one frame at a
-                // time would otherwise build 64 of each per frame.
-                if batch == 1 {
-                    send.run::<1>(chains, &mut self.sent)
-                } else {
-                    send.run::<MAX_BATCH>(chains, &mut self.sent)
+                // time would otherwise build 64 of each per frame, and a batch of a few
+                // frames clear some 10 KiB.
+                match popped {
+                    1 => send.run::<1>(chains, &mut self.sent),
+                    2..=8 => send.run::<8>(chains, &mut self.sent),
+                    _ => send.run::<MAX_BATCH>(chains, &mut self.sent),
                 }
             };
             if cut > 0 && batch > 1 {
@@ -340,22 +379,65 @@ mod tests {
         let with_csum = Features::VERSION_1 | feature::CSUM;
         let (c, s) = chain(csum, 60);
         let mem = s.runtime.memory();
-        let Ok(Ok((head, body))) = check_header(mem, &c, with_csum) else {
+        let mut head = TxHead::default();
+        let Ok(Ok(body)) = check_header(mem, &c, with_csum, 0, &mut head) else {
             panic!("refused");
         };
         assert_eq!(head.as_bytes(), &csum.to_bytes()[..]);
         assert_eq!(body.len(), 60, "the frame after the header");
         // Without CSUM negotiated, or with the checksum past the frame: refused.
         assert!(matches!(
-            check_header(mem, &c, Features::VERSION_1),
+            check_header(mem, &c, Features::VERSION_1, 0, &mut head),
             Ok(Err(TxHdrError::NotNegotiated))
         ));
         let (c, s) = chain(csum, 21);
         let mem = s.runtime.memory();
         assert!(matches!(
-            check_header(mem, &c, with_csum),
+            check_header(mem, &c, with_csum, 0, &mut head),
             Ok(Err(TxHdrError::Csum { .. }))
         ));
+    }
+
+    /// A port that asks for a prefix gets the header in 12 bytes (`num_buffers` zero), then
+    /// the frame's first bytes, in one copy, whatever the header's length and however the
+    /// chain is cut; the tail is the frame after them.
+    #[test]
+    fn a_prefix_comes_with_the_checked_header_in_one_copy() {
+        let frame: Vec<u8> = (0..100u8).collect();
+        for (features, hdr_len) in [(Features::VERSION_1, 12), (Features::EMPTY, 10)] {
+            let mut s = setup(QueueId::Tx(0), features);
+            let hdr = NetHdr {
+                num_buffers: 0x7777,
+                ..NetHdr::default()
+            };
+            let mut all = hdr.to_bytes()[..hdr_len].to_vec();
+            all.extend(&frame);
+            // Cut inside the header and inside the prefix.
+            s.mem.write(Pair::buf(0, 0).addr, &all[..4]).unwrap();
+            s.mem.write(Pair::buf(1, 0).addr, &all[4..40]).unwrap();
+            s.mem.write(Pair::buf(2, 0).addr, &all[40..]).unwrap();
+            let bufs = [
+                Pair::buf(0, 4),
+                Pair::buf(1, 36),
+                Pair::buf(2, all.len() as u32 - 40),
+            ];
+            s.driver.add(&bufs, &[], 0).unwrap();
+            let c = s.runtime.engine().pop().unwrap().unwrap();
+            let mut head = TxHead::default();
+            let got = check_header(s.runtime.memory(), &c, features, MAX_TX_PREFIX, &mut head);
+            let Ok(Ok(body)) = got else {
+                panic!("refused: {got:?}");
+            };
+            let mut want = NetHdr::default().to_bytes().to_vec();
+            want.extend(&frame[..MAX_TX_PREFIX]);
+            assert_eq!(head.as_bytes(), &want[..], "{hdr_len}-byte header");
+            assert_eq!(body.len(), (frame.len() - MAX_TX_PREFIX) as u64);
+            let mut rest = vec![0; body.len() as usize];
+            Reader::from_tail(s.runtime.memory(), body)
+                .read_exact(&mut rest)
+                .unwrap();
+            assert_eq!(rest, frame[MAX_TX_PREFIX..]);
+        }
     }
 
     #[test]
@@ -365,7 +447,13 @@ mod tests {
             .add(&[Buf::new(Pair::buf(0, 0).addr, 8)], &[], 0)
             .unwrap();
         let c = s.runtime.engine().pop().unwrap().unwrap();
-        let got = check_header(s.runtime.memory(), &c, Features::VERSION_1);
+        let got = check_header(
+            s.runtime.memory(),
+            &c,
+            Features::VERSION_1,
+            0,
+            &mut TxHead::default(),
+        );
         assert!(matches!(got, Ok(Err(TxHdrError::Short))));
     }
 
@@ -383,7 +471,13 @@ mod tests {
         s.driver.add(&bufs, &[], 0).unwrap();
         let c = s.runtime.engine().pop().unwrap().unwrap();
         assert_eq!(c.readable_len(), (vnet::HDR_LEN + (8 << 20)) as u64);
-        let got = check_header(s.runtime.memory(), &c, Features::VERSION_1);
+        let got = check_header(
+            s.runtime.memory(),
+            &c,
+            Features::VERSION_1,
+            0,
+            &mut TxHead::default(),
+        );
         assert!(matches!(
             got,
             Ok(Err(TxHdrError::TooLong { len: 0x80_0000 }))

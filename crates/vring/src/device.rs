@@ -49,7 +49,10 @@ pub struct DeviceQueue {
     rings: Rings,
     mem: Arc<GuestMemory>,
     config: QueueConfig,
-    mask: u16,
+    /// `size - 1`, kept in 32 bits: a u16 beside `last_avail` was read with it in one 32-bit
+    /// load, which waited for the last pop's 16-bit store to `last_avail` (a store-forwarding
+    /// stall on every pop).
+    mask: u32,
     event_idx: bool,
     indirect: bool,
     notify_on_empty: bool,
@@ -94,7 +97,7 @@ impl DeviceQueue {
         let rings = Rings::new(&mem, config.size(), &config.rings())?;
         let next_used = rings.used_idx_relaxed();
         Ok(DeviceQueue {
-            mask: config.size() - 1,
+            mask: config.size() as u32 - 1,
             event_idx: config.event_idx(),
             indirect: config.indirect(),
             notify_on_empty: config.notify_on_empty(),
@@ -210,7 +213,7 @@ impl DeviceQueue {
         // The slots written, `old & mask` onwards, wrapping to slot 0 at most once.
         let size = self.config.size();
         let count = new.wrapping_sub(old).min(size);
-        let start = old & self.mask;
+        let start = old & self.mask();
         let first = count.min(size - start);
         self.log_used(used_ring_offset(start), USED_ELEM_SIZE * first as u64);
         self.log_used(used_ring_offset(0), USED_ELEM_SIZE * (count - first) as u64);
@@ -254,6 +257,12 @@ impl DeviceQueue {
         Ok(self.avail_cache != mark.0)
     }
 
+    /// `size - 1`, the mask of a ring index.
+    #[inline]
+    fn mask(&self) -> u16 {
+        self.mask as u16
+    }
+
     /// Pops the next available chain into `chain`, reusing its allocation. Returns false when
     /// the ring is empty. Any malformed chain breaks the queue.
     #[inline]
@@ -262,8 +271,8 @@ impl DeviceQueue {
         if self.last_avail == self.avail_cache && !self.refresh_avail()? {
             return Ok(false);
         }
-        let head = self.rings.avail_entry(self.last_avail & self.mask);
-        if head > self.mask {
+        let head = self.rings.avail_entry(self.last_avail & self.mask());
+        if head > self.mask() {
             return Err(self.broken.set(Error::HeadOutOfRange {
                 head,
                 size: self.config.size(),
@@ -305,7 +314,7 @@ impl DeviceQueue {
     #[inline]
     fn write_used(&mut self, head: u16, len: u32) {
         self.rings
-            .set_used_elem(self.next_used & self.mask, head as u32, len);
+            .set_used_elem(self.next_used & self.mask(), head as u32, len);
         self.next_used = self.next_used.wrapping_add(1);
         self.stats.used += 1;
     }

@@ -64,6 +64,15 @@ pub trait Port: Send + 'static {
         false
     }
 
+    /// How many of each frame's first bytes (after its header, up to
+    /// [`crate::tx::MAX_TX_PREFIX`]) a port that checks headers wants copied with the header,
+    /// in the same read. When more than 0, [`Gather::head`] holds the header in
+    /// [`vnet::HDR_LEN`] bytes (`num_buffers` zero, as a TAP takes it), then those bytes, and
+    /// `body` the rest of the frame.
+    fn tx_prefix(&self) -> usize {
+        0
+    }
+
     /// Busy polling asks [`Port::readable`] and [`Port::writable`] every this many spins (more
     /// than 1 when asking costs a system call).
     fn poll_every(&self) -> u32 {

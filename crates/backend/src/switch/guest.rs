@@ -1,7 +1,8 @@
-//! A guest's queue pair as a port of the switch. Its tx frames (headers checked once by the
-//! tx path) are forwarded by the pair's own worker: each frame's header and first bytes copied
-//! once ([`super::flow::PREFIX`]), classified from the copy, and delivered from the copy and the
-//! sender's memory into each destination's buffers. Its rx queue is not the pair's own rx
+//! A guest's queue pair as a port of the switch. Its tx frames are forwarded by the pair's own
+//! worker: each frame's header and first bytes ([`super::flow::PREFIX`]) copied once, in one
+//! read, by the tx path (which checks the header's copy: [`Port::tx_prefix`]), classified from
+//! the copy, and delivered from the copy and the sender's memory into each destination's
+//! buffers. Its rx queue is not the pair's own rx
 //! path: the port adopts it into the pair's [`Sink`], into which any worker forwards.
 
 use std::os::fd::RawFd;
@@ -9,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use vnet::{NetHdr, HDR_LEN};
-use vring::{Error as RingError, Gather, GuestMemory, Reader};
+use vring::{Error as RingError, Gather, GuestMemory};
 
 use super::core::{Scratch, SwitchCore};
 use super::flow::{Inbound, PREFIX};
@@ -22,17 +23,12 @@ use crate::queue::QueueRuntime;
 /// Frames a guest's tx turn hands the switch at once, at most.
 pub const BATCH: usize = 64;
 
-/// Bytes kept of each frame of a batch: the header as the uplink's TAP takes it (12 bytes,
-/// `num_buffers` zero), then up to [`PREFIX`] bytes of the frame.
-const HEAD: usize = HDR_LEN + PREFIX;
-
 /// A guest pair of port `id`, on the worker whose uplink queue is `uplink`.
 pub struct GuestPort {
     id: PortId,
     core: Arc<SwitchCore>,
     sink: Arc<Sink>,
     uplink: Option<Arc<Mutex<UplinkQueue>>>,
-    heads: Box<[[u8; HEAD]; BATCH]>,
     scratch: Scratch,
 }
 
@@ -54,9 +50,36 @@ impl GuestPort {
             core,
             sink,
             uplink,
-            heads: Box::new([[0; HEAD]; BATCH]),
             scratch: Scratch::default(),
         }
+    }
+
+    /// Forwards `frames` (at most `N`): each frame's header and first bytes, read in one piece
+    /// and checked by the tx path (`tx_prefix`), are laid out as the uplink's TAP takes them.
+    fn forward<const N: usize>(
+        &mut self,
+        mem: &GuestMemory,
+        frames: &[Gather<'_>],
+        sent: &mut Vec<Sent>,
+    ) -> Result<(), RingError> {
+        let frames = &frames[..frames.len().min(N)];
+        let mut inbound = [Inbound::default(); N];
+        for (f, g) in inbound.iter_mut().zip(frames) {
+            // At least HDR_LEN bytes (the tx path's copy, for a port with a prefix).
+            let mut hdr = [0u8; HDR_LEN];
+            let n = g.head.len().min(HDR_LEN);
+            hdr[..n].copy_from_slice(&g.head[..n]);
+            *f = Inbound {
+                hdr: NetHdr::from_bytes(&hdr),
+                tap_head: g.head,
+                prefix: &g.head[n..],
+                rest: (!g.body.is_empty()).then_some((mem, g.body)),
+            };
+        }
+        let uplink = self.uplink.as_deref();
+        let inbound = &inbound[..frames.len()];
+        self.core
+            .forward(self.id, inbound, uplink, &mut self.scratch, sent)
     }
 }
 
@@ -70,63 +93,23 @@ impl Port for GuestPort {
         BATCH
     }
 
+    fn tx_prefix(&self) -> usize {
+        PREFIX
+    }
+
     fn send(
         &mut self,
         mem: &GuestMemory,
         frames: &[Gather<'_>],
         sent: &mut Vec<Sent>,
     ) -> Result<(), RingError> {
-        let frames = &frames[..frames.len().min(BATCH)];
-        let GuestPort {
-            id,
-            core,
-            uplink,
-            heads,
-            scratch,
-            ..
-        } = self;
-        // Copy each frame's header and first bytes; a segment outside the sender's memory
-        // ends the batch there, with the error.
-        let mut lens = [0usize; BATCH];
-        let mut rests = [vring::Tail::default(); BATCH];
-        let mut failed = None;
-        for (k, g) in frames.iter().enumerate() {
-            let head = &mut heads[k];
-            head[..HDR_LEN].fill(0);
-            let n = g.head.len().min(HDR_LEN - 2);
-            head[..n].copy_from_slice(&g.head[..n]);
-            let mut r = Reader::from_tail(mem, g.body);
-            let take = r.remaining().min(PREFIX as u64) as usize;
-            if let Err(e) = r.read_exact(&mut head[HDR_LEN..HDR_LEN + take]) {
-                failed = Some((k, e));
-                break;
-            }
-            lens[k] = HDR_LEN + take;
-            rests[k] = r.tail();
-        }
-        let good = failed.as_ref().map_or(frames.len(), |&(k, _)| k);
-        let inbound: [Inbound<'_>; BATCH] = std::array::from_fn(|k| {
-            if k >= good {
-                return Inbound::default();
-            }
-            let head = &heads[k][..lens[k]];
-            let mut hdr = [0u8; HDR_LEN];
-            hdr.copy_from_slice(&head[..HDR_LEN]);
-            Inbound {
-                hdr: NetHdr::from_bytes(&hdr),
-                tap_head: head,
-                prefix: &head[HDR_LEN..],
-                rest: (!rests[k].is_empty()).then_some((mem, rests[k])),
-            }
-        });
-        let uplink = uplink.as_deref();
-        core.forward(*id, &inbound[..good], uplink, scratch, sent)?;
-        match failed {
-            Some((_, e)) => Err(e),
-            None => Ok(()),
+        // The frames' array sized for the batch (see `tx::TxPath::turn`).
+        if frames.len() <= 8 {
+            self.forward::<8>(mem, frames, sent)
+        } else {
+            self.forward::<BATCH>(mem, frames, sent)
         }
     }
-
     fn adopts_rx(&self) -> bool {
         true
     }

@@ -114,10 +114,25 @@ impl Sink {
     }
 
     /// Delivers `frames` into the guest of device `shared`, then calls it as it asked.
-    pub fn deliver<'a>(
+    pub fn deliver<'a, I>(&self, shared: &Shared, frames: I) -> Delivered
+    where
+        I: IntoIterator<Item = Pieces<'a>>,
+        I::IntoIter: ExactSizeIterator,
+    {
+        // The chunk's array sized for the frames: a few of them would clear some 4 KiB.
+        let frames = frames.into_iter();
+        if frames.len() <= 8 {
+            self.deliver_in::<8>(shared, frames)
+        } else {
+            self.deliver_in::<CHUNK>(shared, frames)
+        }
+    }
+
+    /// [`Sink::deliver`], in chunks of up to `N` frames.
+    fn deliver_in<'a, const N: usize>(
         &self,
         shared: &Shared,
-        frames: impl IntoIterator<Item = Pieces<'a>>,
+        mut frames: impl Iterator<Item = Pieces<'a>>,
     ) -> Delivered {
         let mut state = self.lock();
         let State {
@@ -131,11 +146,11 @@ impl Sink {
         };
         let Some(counters) = counters.as_deref() else {
             // The guest never started the queue: nowhere to put them, nor to count them.
-            return nowhere(frames.into_iter().count());
+            return nowhere(frames.count());
         };
         let Some(q) = path.usable() else {
             // The queue broke, or stopped: missed, as by a NIC whose ring is down.
-            let n = frames.into_iter().count();
+            let n = frames.count();
             counters.rx_missed.add(n as u64);
             return nowhere(n);
         };
@@ -148,9 +163,8 @@ impl Sink {
             done: Delivered::default(),
             bytes: 0,
         };
-        let mut batch = [Pieces::default(); CHUNK];
+        let mut batch = [Pieces::default(); N];
         let mut n = 0;
-        let mut frames = frames.into_iter();
         // On a ring error, the frames it cost: those of the batch and the one being resolved.
         let failed = loop {
             let Some(f) = frames.next() else {
@@ -164,7 +178,7 @@ impl Sink {
                     }
                     batch[n] = f;
                     n += 1;
-                    if n == CHUNK {
+                    if n == N {
                         if let Err(e) = filling.flush(&batch) {
                             break Some((e, n));
                         }

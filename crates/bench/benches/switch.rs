@@ -1,0 +1,177 @@
+//! Criterion bench of the switch's forwarding step in one thread: guest A's tx path takes a
+//! batch of 64-byte frames, `GuestPort::send` and `SwitchCore::forward` put them into guest
+//! B's rx buffers (known unicast, mergeable buffers), timed on the device's part only (the
+//! two guests' drivers post and reap outside the timer). One iteration is one frame.
+//!
+//! Everything is in this CPU's cache: what it measures is the switch's instructions per frame,
+//! not the cross-CPU line transfers that `scripts/switch-compare.sh` also pays. It is the
+//! steady figure to compare a change by on this noisy machine.
+//!
+//! ```text
+//! cargo bench -p bench --bench switch
+//! ```
+
+#![forbid(unsafe_code)]
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use virtnet_backend::switch::core::{Out, SwitchCore};
+use virtnet_backend::switch::fdb::FdbConfig;
+use virtnet_backend::switch::guest::GuestPort;
+use virtnet_backend::switch::mac::Mac;
+use virtnet_backend::switch::sink::Sink;
+use virtnet_backend::switch::{PortConfig, PortId};
+use virtnet_backend::tx::TxPath;
+use virtnet_backend::{fuzzing, BackendConfig, QueueId, QueueRuntime, Shared};
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+use vnet::feature;
+use vring::{
+    Buf, DeviceQueue, DriverQueue, Features, GuestAddress, GuestMemory, QueueConfig, RingAddresses,
+};
+
+const SIZE: u16 = 256;
+const TX_RING: u64 = 0;
+const RX_RING: u64 = 0x4000;
+const TX_DATA: u64 = 0x1_0000;
+const RX_DATA: u64 = 0x10_0000;
+const SLOT: u64 = 2048;
+const MEM: usize = 0x20_0000;
+
+fn eventfd() -> EventFd {
+    EventFd::new(EFD_NONBLOCK).expect("an eventfd")
+}
+
+fn queue(
+    shared: &Shared,
+    mem: &Arc<GuestMemory>,
+    id: QueueId,
+    at: u64,
+    features: Features,
+) -> (DriverQueue<u32>, QueueRuntime) {
+    let rings = RingAddresses::contiguous(GuestAddress(at), SIZE);
+    let config = QueueConfig::new(SIZE as u32, rings, features).expect("queue config");
+    let driver = DriverQueue::activate(&config, mem.clone(), None).expect("driver queue");
+    let device = DeviceQueue::activate(&config, mem.clone(), vring::RingPosition::START)
+        .expect("device queue");
+    let rt = fuzzing::queue_runtime(
+        id,
+        device,
+        eventfd(),
+        None,
+        None,
+        shared.queue_counters(id).clone(),
+        shared.queue_tunables(id).clone(),
+    );
+    (driver, rt)
+}
+
+/// A guest of the switch: its memory, device state, tx path and port, rx driver.
+struct Guest {
+    mem: Arc<GuestMemory>,
+    tx_driver: DriverQueue<u32>,
+    rx_driver: DriverQueue<u32>,
+    tx: TxPath,
+    port: GuestPort,
+}
+
+fn mac(n: u8) -> [u8; 6] {
+    [0x52, 0x54, 0, 0, 0x5e, n]
+}
+
+fn guest(core: &Arc<SwitchCore>, n: u8) -> Guest {
+    let id = PortId::new(n as usize).expect("a port number");
+    let features = Features::VERSION_1 | feature::MRG_RXBUF;
+    let config = BackendConfig {
+        mac: mac(n),
+        ..BackendConfig::default()
+    };
+    let shared = Arc::new(fuzzing::shared(config).expect("device state"));
+    let mem = Arc::new(GuestMemory::anonymous(&[(GuestAddress(0), MEM)]).expect("memory"));
+    let sink = Arc::new(Sink::new(eventfd()));
+    let (rx_driver, rt) = queue(&shared, &mem, QueueId::Rx(0), RX_RING, features);
+    assert!(sink.start(rt).is_none());
+    let (tx_driver, rt) = queue(&shared, &mem, QueueId::Tx(0), TX_RING, features);
+    let mut tx = TxPath::default();
+    assert!(tx.start(rt).is_none());
+    let port = GuestPort::new(id, core.clone(), sink.clone(), None);
+    let out = Out::Guest {
+        shared,
+        sinks: vec![sink].into(),
+    };
+    core.add_port(id, PortConfig::guest(Mac::new(mac(n))), out)
+        .expect("a port");
+    Guest {
+        mem,
+        tx_driver,
+        rx_driver,
+        tx,
+        port,
+    }
+}
+
+/// Forwards `frames` frames of `len` bytes from `a` to `b` in batches of `batch`; the time
+/// of the tx turns alone.
+fn run(a: &mut Guest, b: &mut Guest, len: usize, batch: u64, frames: u64) -> Duration {
+    let mut frame = vec![0u8; vnet::HDR_LEN + len];
+    frame[vnet::HDR_LEN..][..6].copy_from_slice(&mac(2));
+    frame[vnet::HDR_LEN..][6..12].copy_from_slice(&mac(1));
+    frame[vnet::HDR_LEN..][12..14].copy_from_slice(&0x0800u16.to_be_bytes());
+    for k in 0..SIZE as u64 {
+        a.mem
+            .write(GuestAddress(TX_DATA + k * SLOT), &frame)
+            .expect("the tx area");
+    }
+    let mut took = Duration::ZERO;
+    let mut done = 0;
+    let mut slot = 0u64;
+    while done < frames {
+        let n = batch.min(frames - done);
+        for _ in 0..n {
+            let at = GuestAddress(TX_DATA + slot * SLOT);
+            a.tx_driver
+                .add(&[Buf::new(at, frame.len() as u32)], &[], 0)
+                .expect("room on tx");
+            let at = GuestAddress(RX_DATA + slot * SLOT);
+            b.rx_driver
+                .add(&[], &[Buf::new(at, SLOT as u32)], 0)
+                .expect("room on rx");
+            slot = (slot + 1) % SIZE as u64;
+        }
+        a.tx_driver.kick_prepare();
+        b.rx_driver.kick_prepare();
+        let t = Instant::now();
+        a.tx.turn(&mut a.port);
+        took += t.elapsed();
+        let mut got = 0;
+        while a.tx_driver.get_used().expect("tx used").is_some() {}
+        while b.rx_driver.get_used().expect("rx used").is_some() {
+            got += 1;
+        }
+        assert_eq!(got, n, "frames forwarded");
+        done += n;
+    }
+    took
+}
+
+fn forward_benches(c: &mut Criterion) {
+    let mut g = c.benchmark_group("switch_forward");
+    g.throughput(Throughput::Elements(1))
+        .sample_size(20)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(3));
+    let core = Arc::new(SwitchCore::new(FdbConfig::default()).expect("a switch"));
+    let mut a = guest(&core, 1);
+    let mut b = guest(&core, 2);
+    for (len, batch) in [(64, 32), (64, 8), (64, 1), (1500, 32)] {
+        let id = BenchmarkId::new(format!("{len}B"), format!("batch{batch}"));
+        g.bench_function(id, |bench| {
+            bench.iter_custom(|frames| run(&mut a, &mut b, len, batch, frames))
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, forward_benches);
+criterion_main!(benches);
