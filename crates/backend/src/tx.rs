@@ -45,6 +45,15 @@ impl TxHead {
     pub fn as_bytes(&self) -> &[u8] {
         &self.bytes[..self.len as usize]
     }
+
+    /// The first [`vnet::HDR_LEN`] bytes, whatever the header's length.
+    fn fixed(&self) -> &[u8; vnet::HDR_LEN] {
+        let (fixed, _) = self
+            .bytes
+            .split_first_chunk()
+            .unwrap_or((&[0; vnet::HDR_LEN], &[]));
+        fixed
+    }
 }
 
 /// What [`check_header`] found: the frame after the bytes copied (the header checked), or
@@ -74,9 +83,13 @@ pub fn check_header<'c>(
     head.len = len as u8;
     let mut r = Reader::new(mem, chain.readable());
     r.read_exact(&mut head.bytes[..len])?;
-    let mut hdr = [0u8; vnet::HDR_LEN];
-    hdr[..hdr_len].copy_from_slice(&head.bytes[..hdr_len]);
-    if let Err(why) = NetHdr::from_bytes(&hdr).check_tx(features, total - hdr_len) {
+    // Parsed in place (a copy to a header-sized array first made every field's load wait for
+    // the copy's stores); a 10-byte header has no `num_buffers`.
+    let mut hdr = NetHdr::from_bytes(head.fixed());
+    if hdr_len < vnet::HDR_LEN {
+        hdr.num_buffers = 0;
+    }
+    if let Err(why) = hdr.check_tx(features, total - hdr_len) {
         return Ok(Err(why));
     }
     if prefix > 0 {

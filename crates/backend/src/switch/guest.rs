@@ -65,14 +65,16 @@ impl GuestPort {
         let frames = &frames[..frames.len().min(N)];
         let mut inbound = [Inbound::default(); N];
         for (f, g) in inbound.iter_mut().zip(frames) {
-            // At least HDR_LEN bytes (the tx path's copy, for a port with a prefix).
-            let mut hdr = [0u8; HDR_LEN];
-            let n = g.head.len().min(HDR_LEN);
-            hdr[..n].copy_from_slice(&g.head[..n]);
+            // At least HDR_LEN bytes (the tx path's copy, for a port with a prefix), parsed in
+            // place.
+            let (hdr, prefix) = g
+                .head
+                .split_first_chunk::<HDR_LEN>()
+                .unwrap_or((&[0; HDR_LEN], &[]));
             *f = Inbound {
-                hdr: NetHdr::from_bytes(&hdr),
+                hdr: NetHdr::from_bytes(hdr),
                 tap_head: g.head,
-                prefix: &g.head[n..],
+                prefix,
                 rest: (!g.body.is_empty()).then_some((mem, g.body)),
             };
         }
