@@ -27,7 +27,7 @@ macro_rules! encode_ints {
         }
     )*};
 }
-encode_ints!(u8 u16 u32 u64);
+encode_ints!(u8 i8 u16 u32 u64);
 
 impl Encode for bool {
     fn encode(&self, out: &mut Vec<u8>) {

@@ -1,5 +1,5 @@
 //! The device side of the control virtqueue (spec 5.1.6.5): MQ VQ_PAIRS_SET, the receive
-//! filter (RX promisc/allmulti, MAC_ADDR_SET) and notification coalescing (NOTF_COAL,
+//! filter (RX promisc/allmulti, MAC_ADDR_SET, MAC_TABLE_SET) and notification coalescing (NOTF_COAL,
 //! VQ_NOTF_COAL SET/GET), on a thread of its own.
 //!
 //! Each command answers in its own chain: a reply (VQ_NOTF_COAL GET) at the start of the
@@ -22,7 +22,9 @@ use super::shared::Shared;
 use super::thread::{wait_events, Command, Inbox};
 use vnet::ctrl::{self, Coalesce, Command as CtrlCommand};
 
-/// Commands are a few bytes; anything longer than this is refused without reading it all.
+/// Commands are a few bytes, MAC_TABLE_SET's lists up to some 680 addresses (a driver lists
+/// its multicast groups and extra unicast addresses: a few); anything longer is refused
+/// without reading it all.
 const MAX_COMMAND: u64 = 4096;
 /// Commands answered per turn: then the thread looks at its own requests (a queue stop)
 /// before it goes on, however fast the guest adds commands.
@@ -239,6 +241,7 @@ impl CtrlWorker {
             CtrlCommand::RxPromisc(on) => shared.set_promisc(on),
             CtrlCommand::RxAllmulti(on) => shared.set_allmulti(on),
             CtrlCommand::MacAddrSet(mac) => shared.set_mac(mac),
+            CtrlCommand::MacTableSet(t) => shared.set_mac_tables(t.unicast, t.multicast),
             CtrlCommand::NotfCoalTx(c) => set_every(QueueId::Tx, c),
             CtrlCommand::NotfCoalRx(c) => set_every(QueueId::Rx, c),
             CtrlCommand::VqNotfCoalSet { vqn, coal } => data_queue(vqn)?.set_coalesce(coal),

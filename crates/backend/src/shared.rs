@@ -5,10 +5,11 @@
 
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, AtomicU8, Ordering::Relaxed};
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError, RwLock};
 
 use vhost::vhost_user::message::VhostUserProtocolFeatures;
 use vmm_sys_util::eventfd::EventFd;
+use vnet::ctrl::MacTable;
 use vnet::feature;
 use vring::Features;
 
@@ -84,6 +85,10 @@ pub struct Shared {
     /// The receive filter (CTRL_RX, CTRL_MAC_ADDR): promiscuous by default, as in QEMU.
     promisc: AtomicBool,
     allmulti: AtomicBool,
+    /// MAC_TABLE_SET's unicast and multicast lists, read only for a frame the rest refuses
+    /// (and only once a driver has set one: `tables_set`).
+    tables: RwLock<(MacTable, MacTable)>,
+    tables_set: AtomicBool,
     /// The MAC address, packed in the low 48 bits.
     mac: AtomicU64,
     /// The MTU in effect, which the config space reports: the configured one (or the port's
@@ -150,6 +155,8 @@ impl Shared {
             rx_enabled: (0..config.pairs).map(|_| AtomicBool::new(true)).collect(),
             promisc: AtomicBool::new(true),
             allmulti: AtomicBool::new(false),
+            tables: RwLock::default(),
+            tables_set: AtomicBool::new(false),
             mac: AtomicU64::new(mac_to_u64(config.mac)),
             mtu: AtomicU16::new(1500),
             features: AtomicU64::new(0),
@@ -207,6 +214,7 @@ impl Shared {
         let _ = self.set_active_pairs(self.config.pairs);
         self.promisc.store(true, Relaxed);
         self.allmulti.store(false, Relaxed);
+        self.set_mac_tables(MacTable::default(), MacTable::default());
         self.mac.store(mac_to_u64(self.config.mac), Relaxed);
         self.features.store(0, Relaxed);
         self.status.store(0, Relaxed);
@@ -261,14 +269,47 @@ impl Shared {
         self.allmulti.store(on, Relaxed);
     }
 
-    /// Whether a frame to `dst` passes the receive filter.
+    /// The MAC tables the driver set (MAC_TABLE_SET): the unicast and the multicast
+    /// addresses it takes besides its own.
+    pub fn set_mac_tables(&self, unicast: MacTable, multicast: MacTable) {
+        let empty = MacTable::default();
+        let set = unicast != empty || multicast != empty;
+        *self.tables.write().unwrap_or_else(PoisonError::into_inner) = (unicast, multicast);
+        self.tables_set.store(set, Relaxed);
+    }
+
+    /// The MAC tables in effect: unicast, multicast.
+    pub fn mac_tables(&self) -> (MacTable, MacTable) {
+        *self.tables.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Whether a frame to `dst` passes the receive filter, as QEMU's virtio-net filters:
+    /// everything when promiscuous; broadcast; multicast when all-multicast or in the
+    /// multicast table; unicast to the device's address or in the unicast table.
     pub fn accepts(&self, dst: &[u8]) -> bool {
-        if self.promisc.load(Relaxed) || dst.len() < 6 {
+        let Some(dst) = dst.first_chunk::<6>() else {
+            return true;
+        };
+        if self.promisc.load(Relaxed) || *dst == [0xff; 6] {
             return true;
         }
-        let broadcast = dst[..6] == [0xff; 6];
         let multicast = dst[0] & 1 != 0;
-        broadcast || dst[..6] == self.mac() || (multicast && self.allmulti.load(Relaxed))
+        let quick = if multicast {
+            self.allmulti.load(Relaxed)
+        } else {
+            *dst == self.mac()
+        };
+        quick || (self.tables_set.load(Relaxed) && self.in_tables(dst, multicast))
+    }
+
+    #[cold]
+    fn in_tables(&self, dst: &[u8; 6], multicast: bool) -> bool {
+        let (unicast, multi) = &*self.tables.read().unwrap_or_else(PoisonError::into_inner);
+        if multicast {
+            multi.accepts(dst)
+        } else {
+            unicast.accepts(dst)
+        }
     }
 
     /// The MTU in effect.

@@ -12,7 +12,7 @@ use inproc::*;
 use virtnet_backend::{BackendConfig, IoMode};
 use virtnet_driver::frontend::Connection;
 use virtnet_driver::{RxQueue, TxQueue};
-use vnet::ctrl::{self, Coalesce, Command};
+use vnet::ctrl::{self, Coalesce, Command, MacTable, MacTables};
 use vnet::feature;
 use vnet::NetHdr;
 use vring::{Buf, DriverQueue, Features, GuestAddress};
@@ -224,6 +224,28 @@ fn vq_pairs_set_silences_the_other_pairs() {
     assert!(more >= 1000, "pair 1 back: {more}");
 }
 
+/// Sends one frame to each of `dsts` through the echo backend; the frames that come back.
+fn echoed(queues: &mut [(RxQueue, TxQueue)], dsts: &[[u8; 6]]) -> Vec<Vec<u8>> {
+    let (rx, tx) = &mut queues[0];
+    for (i, d) in dsts.iter().enumerate() {
+        let mut f = frame(i as u32, 64);
+        f[..6].copy_from_slice(d);
+        assert!(tx.send(&f, NetHdr::default()).unwrap());
+    }
+    tx.flush();
+    let mut got = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while got.is_empty() && Instant::now() < deadline {
+        rx.poll(16, PollMode::Napi, Frames(|x: &[u8]| got.push(x.to_vec())))
+            .unwrap();
+        rx.wait(5);
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    rx.poll(16, PollMode::Napi, Frames(|x: &[u8]| got.push(x.to_vec())))
+        .unwrap();
+    got
+}
+
 #[test]
 fn promisc_off_filters_frames_to_other_macs() {
     let b = start_backend(
@@ -244,28 +266,46 @@ fn promisc_off_filters_frames_to_other_macs() {
         command(&conn, &mut c, &Command::RxPromisc(false).encode(), 0).0,
         ctrl::OK
     );
-    let (rx, tx) = &mut queues[0];
-    let mut f = frame(1, 64);
-    f[..6].copy_from_slice(&other);
-    assert!(tx.send(&f, NetHdr::default()).unwrap());
-    let mut g = frame(2, 64);
-    g[..6].copy_from_slice(&ours);
-    assert!(tx.send(&g, NetHdr::default()).unwrap());
-    tx.flush();
-    let mut got = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while got.is_empty() && Instant::now() < deadline {
-        rx.poll(16, PollMode::Napi, Frames(|x: &[u8]| got.push(x.to_vec())))
-            .unwrap();
-        rx.wait(5);
-    }
-    std::thread::sleep(Duration::from_millis(50));
-    rx.poll(16, PollMode::Napi, Frames(|x: &[u8]| got.push(x.to_vec())))
-        .unwrap();
+    let got = echoed(&mut queues, &[other, ours]);
     assert_eq!(got.len(), 1, "only the frame to our MAC comes back");
-    assert!(got[0] == g);
+    assert_eq!(got[0][..6], ours);
     assert_eq!(b.device.reports()[0].counters.filtered, 1);
     assert!(!b.device.device_report().promisc);
+}
+
+/// Linux's virtio_net turns promiscuous mode off and lists the multicast groups its stack
+/// joined (IPv6's all-nodes and solicited-node groups) with MAC_TABLE_SET: those, and the
+/// unicast addresses listed, must pass the filter, others not.
+#[test]
+fn mac_table_set_lets_the_listed_addresses_through() {
+    let ours = [0x52, 0x54, 0, 0x12, 0x34, 0x56];
+    let b = start_backend(
+        "ctrl-table",
+        BackendConfig {
+            io: IoMode::Echo,
+            mac: ours,
+            ..Default::default()
+        },
+    );
+    let (conn, mut c, mut queues) = setup(&b, 1);
+    let listed = [0x52, 0x54, 0, 0x77, 0x77, 0x77];
+    let unlisted = [0x52, 0x54, 0, 0x99, 0x99, 0x99];
+    let all_nodes = [0x33, 0x33, 0, 0, 0, 1];
+    let other_group = [0x33, 0x33, 0xff, 0, 0, 9];
+    let table = Command::MacTableSet(Box::new(MacTables {
+        unicast: MacTable::new(&[listed]),
+        multicast: MacTable::new(&[all_nodes]),
+    }));
+    for cmd in [Command::RxPromisc(false), table] {
+        assert_eq!(command(&conn, &mut c, &cmd.encode(), 0).0, ctrl::OK);
+    }
+    let dsts = [unlisted, all_nodes, other_group, listed, ours, [0xff; 6]];
+    let got: Vec<[u8; 6]> = echoed(&mut queues, &dsts)
+        .iter()
+        .map(|f| f[..6].try_into().unwrap())
+        .collect();
+    assert_eq!(got, [all_nodes, listed, ours, [0xff; 6]]);
+    assert_eq!(b.device.reports()[0].counters.filtered, 2);
 }
 
 #[test]

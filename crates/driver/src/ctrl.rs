@@ -313,8 +313,8 @@ impl Drop for CtrlQueue {
 }
 
 impl Pending {
-    pub fn command(&self) -> Command {
-        self.cmd
+    pub fn command(&self) -> &Command {
+        &self.cmd
     }
     /// When it was submitted.
     pub fn submitted(&self) -> Instant {
@@ -451,7 +451,7 @@ impl Shared {
             return Err(CtrlError::Setup(e.to_string()));
         }
         ring.inflight[slot as usize] = Some(Inflight {
-            cmd,
+            cmd: cmd.clone(),
             done: done.clone(),
         });
         self.counters.submitted.add(1);

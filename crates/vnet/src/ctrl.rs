@@ -11,6 +11,7 @@ const RX_PROMISC: u8 = vn::VIRTIO_NET_CTRL_RX_PROMISC as u8;
 const RX_ALLMULTI: u8 = vn::VIRTIO_NET_CTRL_RX_ALLMULTI as u8;
 const CLASS_MAC: u8 = vn::VIRTIO_NET_CTRL_MAC as u8;
 const MAC_ADDR_SET: u8 = vn::VIRTIO_NET_CTRL_MAC_ADDR_SET as u8;
+const MAC_TABLE_SET: u8 = vn::VIRTIO_NET_CTRL_MAC_TABLE_SET as u8;
 const CLASS_MQ: u8 = vn::VIRTIO_NET_CTRL_MQ as u8;
 const MQ_VQ_PAIRS_SET: u8 = vn::VIRTIO_NET_CTRL_MQ_VQ_PAIRS_SET as u8;
 const CLASS_NOTF_COAL: u8 = vn::VIRTIO_NET_CTRL_NOTF_COAL as u8;
@@ -48,14 +49,81 @@ impl Coalesce {
     }
 }
 
-/// A control command.
+/// Addresses a MAC_TABLE_SET list keeps (QEMU's `MAC_TABLE_ENTRIES`). A longer list
+/// overflows: the filter then takes every address of that kind, as QEMU's does, which stays
+/// correct (the guest's stack filters again) where dropping would not.
+pub const MAC_TABLE_ENTRIES: usize = 64;
+
+/// One list of MAC_TABLE_SET (spec 5.1.6.5.2): unicast or multicast addresses the driver
+/// wants besides its own, up to [`MAC_TABLE_ENTRIES`], or overflowed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MacTable {
+    macs: [[u8; 6]; MAC_TABLE_ENTRIES],
+    len: u8,
+    overflow: bool,
+}
+
+impl Default for MacTable {
+    fn default() -> MacTable {
+        MacTable {
+            macs: [[0; 6]; MAC_TABLE_ENTRIES],
+            len: 0,
+            overflow: false,
+        }
+    }
+}
+
+impl MacTable {
+    /// The list of `macs`; overflowed when longer than [`MAC_TABLE_ENTRIES`].
+    pub fn new(macs: &[[u8; 6]]) -> MacTable {
+        let mut t = MacTable::default();
+        if macs.len() > MAC_TABLE_ENTRIES {
+            t.overflow = true;
+        } else {
+            t.macs[..macs.len()].copy_from_slice(macs);
+            t.len = macs.len() as u8;
+        }
+        t
+    }
+
+    /// The addresses kept (none once overflowed).
+    pub fn macs(&self) -> &[[u8; 6]] {
+        &self.macs[..self.len as usize]
+    }
+
+    pub fn overflowed(&self) -> bool {
+        self.overflow
+    }
+
+    /// Whether the list takes `mac`: it holds it, or overflowed.
+    pub fn accepts(&self, mac: &[u8; 6]) -> bool {
+        self.overflow || self.macs().contains(mac)
+    }
+
+    fn encode_into(&self, v: &mut Vec<u8>) {
+        v.extend((self.len as u32).to_le_bytes());
+        self.macs().iter().for_each(|m| v.extend(m));
+    }
+}
+
+/// MAC_TABLE_SET's two lists.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MacTables {
+    pub unicast: MacTable,
+    pub multicast: MacTable,
+}
+
+/// A control command.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Command {
     /// MQ VQ_PAIRS_SET: use the first `n` queue pairs.
     VqPairsSet(u16),
     RxPromisc(bool),
     RxAllmulti(bool),
     MacAddrSet([u8; 6]),
+    /// MAC_TABLE_SET: the unicast and the multicast addresses to take besides the device's
+    /// (boxed: some 800 bytes, where the other commands are a few).
+    MacTableSet(Box<MacTables>),
     /// NOTF_COAL TX_SET / RX_SET: every tx (rx) queue.
     NotfCoalTx(Coalesce),
     NotfCoalRx(Coalesce),
@@ -76,6 +144,8 @@ pub enum DecodeError {
     Short(usize),
     #[error("unknown command class {class} command {command}")]
     Unknown { class: u8, command: u8 },
+    #[error("MAC_TABLE_SET's lists take {want} data bytes, got {got}")]
+    MacTableLength { want: usize, got: usize },
     #[error("class {class} command {command} needs {want} data bytes, got {got}")]
     BadLength {
         class: u8,
@@ -99,6 +169,11 @@ impl Command {
             Command::MacAddrSet(mac) => {
                 v.extend([CLASS_MAC, MAC_ADDR_SET]);
                 v.extend(mac);
+            }
+            Command::MacTableSet(ref t) => {
+                v.extend([CLASS_MAC, MAC_TABLE_SET]);
+                t.unicast.encode_into(&mut v);
+                t.multicast.encode_into(&mut v);
             }
             Command::NotfCoalTx(c) => {
                 v.extend([CLASS_NOTF_COAL, COAL_TX_SET]);
@@ -168,6 +243,17 @@ impl Command {
                 mac.copy_from_slice(data);
                 Command::MacAddrSet(mac)
             }
+            (CLASS_MAC, MAC_TABLE_SET) => {
+                let (unicast, rest) = mac_list(data, data.len())?;
+                let (multicast, rest) = mac_list(rest, data.len())?;
+                if !rest.is_empty() {
+                    return Err(DecodeError::MacTableLength {
+                        want: data.len() - rest.len(),
+                        got: data.len(),
+                    });
+                }
+                Command::MacTableSet(Box::new(MacTables { unicast, multicast }))
+            }
             (CLASS_NOTF_COAL, COAL_TX_SET) => {
                 need(8)?;
                 Command::NotfCoalTx(Coalesce::from_bytes(data))
@@ -202,6 +288,37 @@ impl Command {
     }
 }
 
+/// One list of a MAC_TABLE_SET command at the start of `b` (a le32 count, then that many
+/// 6-byte addresses), and the bytes after it; `total` is the command's data length, for the
+/// error.
+fn mac_list(b: &[u8], total: usize) -> Result<(MacTable, &[u8]), DecodeError> {
+    let short = |want: usize| DecodeError::MacTableLength {
+        want: total - b.len() + want,
+        got: total,
+    };
+    let (count, rest) = b.split_first_chunk::<4>().ok_or_else(|| short(4))?;
+    let count = u32::from_le_bytes(*count) as usize;
+    let len = count
+        .checked_mul(6)
+        .filter(|&n| n <= rest.len())
+        .ok_or_else(|| short(4usize.saturating_add(count.saturating_mul(6))))?;
+    let (macs, rest) = rest.split_at(len);
+    let table = if count > MAC_TABLE_ENTRIES {
+        MacTable {
+            overflow: true,
+            ..MacTable::default()
+        }
+    } else {
+        let mut t = MacTable::default();
+        for (m, b) in t.macs.iter_mut().zip(macs.chunks_exact(6)) {
+            m.copy_from_slice(b);
+        }
+        t.len = count as u8;
+        t
+    };
+    Ok((table, rest))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -217,16 +334,63 @@ mod tests {
             Command::RxPromisc(true),
             Command::RxAllmulti(false),
             Command::MacAddrSet([2, 0, 0, 0, 0, 9]),
+            Command::MacTableSet(Box::new(MacTables {
+                unicast: MacTable::new(&[[2, 0, 0, 0, 0, 7]]),
+                multicast: MacTable::new(&[[0x33, 0x33, 0, 0, 0, 1], [1, 0, 0x5e, 0, 0, 0xfb]]),
+            })),
+            Command::MacTableSet(Box::default()),
             Command::NotfCoalTx(coal),
             Command::NotfCoalRx(coal),
             Command::VqNotfCoalSet { vqn: 5, coal },
             Command::VqNotfCoalGet { vqn: 5 },
         ] {
-            assert_eq!(Command::decode(&c.encode()), Ok(c));
+            assert_eq!(Command::decode(&c.encode()), Ok(c.clone()));
         }
+        // Spec layout of MAC_TABLE_SET: le32 count and addresses, unicast then multicast.
+        let t = Command::MacTableSet(Box::new(MacTables {
+            unicast: MacTable::default(),
+            multicast: MacTable::new(&[[1, 2, 3, 4, 5, 6]]),
+        }));
+        assert_eq!(t.encode(), [1, 0, 0, 0, 0, 0, 1, 0, 0, 0, 1, 2, 3, 4, 5, 6]);
         // Spec layout of VQ_NOTF_COAL SET: vqn, reserved, max_packets, max_usecs.
         let b = Command::VqNotfCoalSet { vqn: 5, coal }.encode();
         assert_eq!(b, [6, 2, 5, 0, 0, 0, 16, 0, 0, 0, 50, 0, 0, 0]);
+    }
+
+    /// A list longer than the table keeps nothing and takes every address of its kind, as
+    /// QEMU's; its bytes are still skipped exactly, to the multicast list after it.
+    #[test]
+    fn a_mac_table_list_past_64_entries_overflows() {
+        let mut b = vec![1, 0];
+        b.extend(65u32.to_le_bytes());
+        (0..65u8).for_each(|i| b.extend([2, 0, 0, 0, 1, i]));
+        b.extend(1u32.to_le_bytes());
+        b.extend([1, 0, 0x5e, 0, 0, 1]);
+        let Ok(Command::MacTableSet(t)) = Command::decode(&b) else {
+            panic!("refused");
+        };
+        let MacTables { unicast, multicast } = *t;
+        assert!(unicast.overflowed() && unicast.macs().is_empty());
+        assert!(unicast.accepts(&[2, 0, 0, 0, 9, 9]));
+        assert_eq!(multicast.macs(), &[[1, 0, 0x5e, 0, 0, 1]]);
+        assert!(!multicast.accepts(&[1, 0, 0x5e, 0, 0, 2]));
+    }
+
+    #[test]
+    fn malformed_mac_tables_are_refused() {
+        let table = |v: &[u8]| {
+            let mut b = vec![1, 0];
+            b.extend(v);
+            Command::decode(&b)
+        };
+        let bad =
+            |r: Result<Command, DecodeError>| matches!(r, Err(DecodeError::MacTableLength { .. }));
+        // No multicast list; a count past the bytes; a count that overflows; bytes after.
+        assert!(bad(table(&[0, 0, 0, 0])));
+        assert!(bad(table(&[2, 0, 0, 0, 1, 2, 3, 4, 5, 6, 0, 0, 0, 0])));
+        assert!(bad(table(&[0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0])));
+        assert!(bad(table(&[0, 0, 0, 0, 0, 0, 0, 0, 7])));
+        assert!(table(&[0, 0, 0, 0, 0, 0, 0, 0]).is_ok());
     }
 
     #[test]

@@ -37,19 +37,40 @@ pub enum Payload {
     Raw(Vec<u8>),
     /// `MAX_COMMAND + 1 + extra` zero bytes: longer than the device reads.
     Long(u8),
+    /// MAC_TABLE_SET with `unicast` and `multicast` addresses (past 64, a list overflows),
+    /// made from `seed`; then, when `malformed` is not 0, that many zero bytes more (above 0)
+    /// or fewer (below 0).
+    MacTable {
+        unicast: u8,
+        multicast: u8,
+        seed: u8,
+        malformed: i8,
+    },
 }
 
 impl Encode for Payload {
     fn encode(&self, out: &mut Vec<u8>) {
         match self {
             Payload::Known { which, data } => {
-                (variant(0, 4, out), which.encode(out), data.encode(out)).0
+                (variant(0, 5, out), which.encode(out), data.encode(out)).0
             }
             Payload::Exact { which, data } => {
-                (variant(1, 4, out), which.encode(out), data.encode(out)).0
+                (variant(1, 5, out), which.encode(out), data.encode(out)).0
             }
-            Payload::Raw(b) => (variant(2, 4, out), b.encode(out)).0,
-            Payload::Long(n) => (variant(3, 4, out), n.encode(out)).0,
+            Payload::Raw(b) => (variant(2, 5, out), b.encode(out)).0,
+            Payload::Long(n) => (variant(3, 5, out), n.encode(out)).0,
+            Payload::MacTable {
+                unicast,
+                multicast,
+                seed,
+                malformed,
+            } => {
+                variant(4, 5, out);
+                unicast.encode(out);
+                multicast.encode(out);
+                seed.encode(out);
+                malformed.encode(out);
+            }
         }
     }
 }
@@ -83,6 +104,21 @@ impl Payload {
             }
             Payload::Raw(b) => b.clone(),
             Payload::Long(n) => vec![0; MAX_COMMAND + 1 + *n as usize],
+            Payload::MacTable {
+                unicast,
+                multicast,
+                seed,
+                malformed,
+            } => {
+                let mut b = vec![1, 0];
+                for (n, first) in [(*unicast, 0x02), (*multicast, 0x33)] {
+                    b.extend((n as u32).to_le_bytes());
+                    (0..n).for_each(|i| b.extend([first, 0x33, 0, 0, *seed, i]));
+                }
+                let len = b.len() as isize + *malformed as isize;
+                b.resize(len.max(2) as usize, 0);
+                b
+            }
         }
     }
 }

@@ -20,6 +20,8 @@ pub(super) struct Model {
     promisc: bool,
     allmulti: bool,
     mac: [u8; 6],
+    /// MAC_TABLE_SET's unicast and multicast lists; None: overflowed (more than 64).
+    tables: [Option<Vec<[u8; 6]>>; 2],
     /// (max_packets, max_usecs) per data queue.
     coalesce: Vec<(u32, u32)>,
 }
@@ -32,6 +34,7 @@ impl Model {
             promisc: true,
             allmulti: false,
             mac: config.mac,
+            tables: [Some(Vec::new()), Some(Vec::new())],
             coalesce: vec![(0, 0); 2 * config.pairs as usize],
         }
     }
@@ -45,6 +48,10 @@ impl Model {
             promisc,
             allmulti,
             mac: shared.mac(),
+            tables: {
+                let (u, m) = shared.mac_tables();
+                [u, m].map(|t| (!t.overflowed()).then(|| t.macs().to_vec()))
+            },
             coalesce: shared.tunables()[..data_queues]
                 .iter()
                 .map(|m| (m.coalesce().max_packets, m.coalesce().max_usecs))
@@ -69,6 +76,33 @@ impl Model {
             return Some(ERR);
         }
         let (class, command, data) = (cmd[0], cmd[1], &cmd[2..]);
+        if (class, command) == (1, 0) {
+            // MAC_TABLE_SET: two lists, each a le32 count and that many addresses, exactly.
+            let mut lists = [None, None];
+            let mut at = 0usize;
+            for list in &mut lists {
+                let Some(count) = data.get(at..at + 4) else {
+                    return Some(ERR);
+                };
+                let n = u32::from_le_bytes(count.try_into().unwrap()) as usize;
+                at += 4;
+                let Some(macs) = data.get(at..).filter(|m| m.len() / 6 >= n) else {
+                    return Some(ERR);
+                };
+                *list = Some((n <= 64).then(|| {
+                    macs[..6 * n]
+                        .chunks(6)
+                        .map(|m| m.try_into().unwrap())
+                        .collect()
+                }));
+                at += 6 * n;
+            }
+            if at != data.len() {
+                return Some(ERR);
+            }
+            self.tables = lists.map(|l| l.unwrap_or_default());
+            return Some(OK);
+        }
         let Some(&(_, _, need)) = KNOWN.iter().find(|k| (k.0, k.1) == (class, command)) else {
             return Some(ERR);
         };

@@ -120,6 +120,31 @@ fn ctrl_seeds() -> Vec<CtrlSeed> {
         },
     ));
 
+    // MAC_TABLE_SET: lists kept, a list past 64 addresses overflowed, lengths off by one.
+    let table = |unicast, multicast, malformed| Payload::MacTable {
+        unicast,
+        multicast,
+        seed: 7,
+        malformed,
+    };
+    let tables = vec![
+        post(table(1, 2, 0), 1),
+        post(table(0, 65, 0), 1),
+        C::Process,
+        post(table(3, 0, 1), 1),
+        post(table(3, 0, -1), 1),
+        C::Process,
+    ];
+    seeds.push((
+        "mac_tables",
+        ctrl_input(1, 8, tables),
+        ctrl::Outcome {
+            oks: 2,
+            errs: 2,
+            ..Default::default()
+        },
+    ));
+
     // A head out of range breaks the queue; a later command is not processed.
     let hostile = vec![
         post(exact(0, &[0]), 1),
