@@ -1,7 +1,9 @@
-//! The fuzz targets' way in, compiled only with the `fuzzing` feature (which only fuzz/
-//! enables): the parts of the device that `ctrl_queue` and `vhost_user` drive directly, without
-//! the control thread or the accept loop, and a session's deadlines shortened. The shipped crate keeps each of them crate-private;
-//! these wrappers add nothing to them.
+//! The fuzz targets' way in, compiled only with the `fuzzing` feature (which fuzz/ and the
+//! switch's criterion bench enable): the parts of the device that `ctrl_queue`, `vhost_user`
+//! and `switch_forward` drive directly, without the control thread or the accept loop, and a
+//! session's deadlines shortened. The shipped crate keeps each of them crate-private; these
+//! wrappers add nothing to them but [`queue_pair`], a queue and its driver's end as the
+//! harnesses build them.
 
 use std::io;
 use std::os::unix::net::UnixStream;
@@ -9,7 +11,11 @@ use std::sync::Arc;
 
 use virtnet_sys::PeerEventFd;
 use vmm_sys_util::eventfd::EventFd;
-use vring::{Chain, DeviceQueue};
+use vmm_sys_util::eventfd::EFD_NONBLOCK;
+use vring::{
+    Chain, DeviceQueue, DriverQueue, Features, GuestAddress, GuestMemory, QueueConfig,
+    RingAddresses,
+};
 
 use crate::config::BackendConfig;
 use crate::device::Device;
@@ -45,6 +51,36 @@ pub fn queue_runtime(
         counters,
         tunables,
     )
+}
+
+/// Queue `id` of `shared` at `at` in `mem` (descriptors, avail and used rings one after the
+/// other), `size` entries, started with `features`: the driver's end of it, and the device's
+/// as a worker runs it; with `signals`, call and error eventfds (a notification then costs a
+/// write), else none.
+pub fn queue_pair(
+    shared: &Shared,
+    mem: &Arc<GuestMemory>,
+    id: QueueId,
+    (at, size): (u64, u16),
+    features: Features,
+    signals: bool,
+) -> (DriverQueue<u32>, QueueRuntime) {
+    let eventfd = || EventFd::new(EFD_NONBLOCK).expect("an eventfd");
+    let rings = RingAddresses::contiguous(GuestAddress(at), size);
+    let config = QueueConfig::new(size as u32, rings, features).expect("queue config");
+    let driver = DriverQueue::activate(&config, mem.clone(), None).expect("driver queue");
+    let device = DeviceQueue::activate(&config, mem.clone(), vring::RingPosition::START)
+        .expect("device queue");
+    let rt = queue_runtime(
+        id,
+        device,
+        eventfd(),
+        signals.then(eventfd),
+        signals.then(eventfd),
+        shared.queue_counters(id).clone(),
+        shared.queue_tunables(id).clone(),
+    );
+    (driver, rt)
 }
 
 /// One wake-up of the control thread: every command pending on `q`, handled; how many.

@@ -24,12 +24,10 @@ use virtnet_backend::switch::mac::Mac;
 use virtnet_backend::switch::sink::Sink;
 use virtnet_backend::switch::{PortConfig, PortId};
 use virtnet_backend::tx::TxPath;
-use virtnet_backend::{fuzzing, BackendConfig, QueueId, QueueRuntime, Shared};
+use virtnet_backend::{fuzzing, BackendConfig, QueueId};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use vnet::feature;
-use vring::{
-    Buf, DeviceQueue, DriverQueue, Features, GuestAddress, GuestMemory, QueueConfig, RingAddresses,
-};
+use vring::{Buf, DriverQueue, Features, GuestAddress, GuestMemory};
 
 const SIZE: u16 = 256;
 const TX_RING: u64 = 0;
@@ -41,30 +39,6 @@ const MEM: usize = 0x20_0000;
 
 fn eventfd() -> EventFd {
     EventFd::new(EFD_NONBLOCK).expect("an eventfd")
-}
-
-fn queue(
-    shared: &Shared,
-    mem: &Arc<GuestMemory>,
-    id: QueueId,
-    at: u64,
-    features: Features,
-) -> (DriverQueue<u32>, QueueRuntime) {
-    let rings = RingAddresses::contiguous(GuestAddress(at), SIZE);
-    let config = QueueConfig::new(SIZE as u32, rings, features).expect("queue config");
-    let driver = DriverQueue::activate(&config, mem.clone(), None).expect("driver queue");
-    let device = DeviceQueue::activate(&config, mem.clone(), vring::RingPosition::START)
-        .expect("device queue");
-    let rt = fuzzing::queue_runtime(
-        id,
-        device,
-        eventfd(),
-        None,
-        None,
-        shared.queue_counters(id).clone(),
-        shared.queue_tunables(id).clone(),
-    );
-    (driver, rt)
 }
 
 /// A guest of the switch: its memory, device state, tx path and port, rx driver.
@@ -90,9 +64,24 @@ fn guest(core: &Arc<SwitchCore>, n: u8) -> Guest {
     let shared = Arc::new(fuzzing::shared(config).expect("device state"));
     let mem = Arc::new(GuestMemory::anonymous(&[(GuestAddress(0), MEM)]).expect("memory"));
     let sink = Arc::new(Sink::new(eventfd()));
-    let (rx_driver, rt) = queue(&shared, &mem, QueueId::Rx(0), RX_RING, features);
+    // No call eventfds: a notification would cost a system call the bench does not measure.
+    let (rx_driver, rt) = fuzzing::queue_pair(
+        &shared,
+        &mem,
+        QueueId::Rx(0),
+        (RX_RING, SIZE),
+        features,
+        false,
+    );
     assert!(sink.start(rt).is_none());
-    let (tx_driver, rt) = queue(&shared, &mem, QueueId::Tx(0), TX_RING, features);
+    let (tx_driver, rt) = fuzzing::queue_pair(
+        &shared,
+        &mem,
+        QueueId::Tx(0),
+        (TX_RING, SIZE),
+        features,
+        false,
+    );
     let mut tx = TxPath::default();
     assert!(tx.start(rt).is_none());
     let port = GuestPort::new(id, core.clone(), sink.clone(), None);

@@ -15,9 +15,7 @@ use virtnet_backend::tx::TxPath;
 use virtnet_backend::{fuzzing, BackendConfig, IoMode, QueueId, Shared};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use vnet::TxHdrError;
-use vring::{
-    Buf, DeviceQueue, DriverQueue, Features, GuestAddress, GuestMemory, QueueConfig, RingAddresses,
-};
+use vring::{Buf, DriverQueue, Features, GuestAddress, GuestMemory};
 
 use super::model::{Ring, RxMode};
 use super::rx::{RxCounts, RxQueue};
@@ -72,32 +70,6 @@ pub(super) fn hdr_kind(e: &TxHdrError) -> usize {
         TxHdrError::Gso { .. } => 4,
         TxHdrError::TooLong { .. } => 5,
     }
-}
-
-/// A device queue of `shared` on `mem` and the driver's end of it.
-fn queue(
-    shared: &Shared,
-    mem: &Arc<GuestMemory>,
-    id: QueueId,
-    size: u16,
-    at: u64,
-    features: Features,
-) -> (DriverQueue<u32>, virtnet_backend::QueueRuntime) {
-    let rings = RingAddresses::contiguous(GuestAddress(at), size);
-    let config = QueueConfig::new(size as u32, rings, features).expect("queue config");
-    let driver = DriverQueue::activate(&config, mem.clone(), None).expect("driver queue");
-    let device = DeviceQueue::activate(&config, mem.clone(), vring::RingPosition::START)
-        .expect("device queue");
-    let rt = fuzzing::queue_runtime(
-        id,
-        device,
-        eventfd(),
-        Some(eventfd()),
-        Some(eventfd()),
-        shared.queue_counters(id).clone(),
-        shared.queue_tunables(id).clone(),
-    );
-    (driver, rt)
 }
 
 impl Guest {
@@ -161,7 +133,8 @@ impl Guest {
             };
             if !s.rx.stopped {
                 let id = QueueId::Rx(p);
-                let (driver, rt) = queue(&shared, &mem, id, size, RX_RING[p as usize], features);
+                let at = (RX_RING[p as usize], size);
+                let (driver, rt) = fuzzing::queue_pair(&shared, &mem, id, at, features, true);
                 assert!(sink.start(rt).is_none());
                 q.driver = Some(driver);
                 q.ring.running = true;
@@ -170,7 +143,9 @@ impl Guest {
             rx.push(q);
             sinks.push(sink);
         }
-        let (tx_driver, rt) = queue(&shared, &mem, QueueId::Tx(0), TX_SIZE, TX_RING, features);
+        let at = (TX_RING, TX_SIZE);
+        let (tx_driver, rt) =
+            fuzzing::queue_pair(&shared, &mem, QueueId::Tx(0), at, features, true);
         let mut tx = TxPath::default();
         assert!(tx.start(rt).is_none());
         let port = GuestPort::new(id, core.clone(), sinks[0].clone(), None);
