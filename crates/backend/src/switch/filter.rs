@@ -6,8 +6,9 @@
 //! with promiscuous mode off sees only its own unicast, broadcast and the multicast it asked
 //! for.
 //!
-//! The control-queue side fills an [`RxFilter`] and hands the switch a copy; the switch only
-//! reads it.
+//! The forwarding decision reads an [`RxFilter`] per port; the running switch keeps every one
+//! promiscuous and applies the guest's own filter at delivery (`Shared::accepts`, which the
+//! control queue feeds), so this one serves the model and the decision's tests.
 
 use super::mac::Mac;
 

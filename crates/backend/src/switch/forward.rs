@@ -17,7 +17,10 @@
 //!    Unknown unicast, broadcast and multicast are flooded to every other port, the uplink
 //!    included; never back to the source.
 //! 4. **Receive filters.** Each destination port's [`RxFilter`] takes or refuses the frame,
-//!    as its virtio-net device would; a frame no port takes is dropped.
+//!    as its virtio-net device would; a frame no port takes is dropped. The running switch
+//!    keeps these promiscuous and applies each guest's own filter where it delivers
+//!    (`Shared::accepts`, the backend's, fed by the guest's control queue); [`Ports::set_filter`]
+//!    serves the model and the tests of this step.
 //!
 //! Drops are counted per source port, by reason ([`PortCounters`]). The decision allocates
 //! nothing: destinations are a [`PortSet`], which the caller walks to batch its output per port.
