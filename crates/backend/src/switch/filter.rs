@@ -10,33 +10,13 @@
 //! promiscuous and applies the guest's own filter at delivery (`Shared::accepts`, which the
 //! control queue feeds), so this one serves the model and the decision's tests.
 
+use vnet::ctrl::MacTable;
+
 use super::mac::Mac;
 
-/// Addresses a MAC_TABLE_SET list keeps, per list (QEMU's `MAC_TABLE_ENTRIES`). A longer list
-/// overflows: the filter then accepts every address of that kind, as QEMU does, which stays
-/// correct (the guest's own stack filters again) where dropping would not.
-pub const MAC_LIST_MAX: usize = 64;
-
-/// One MAC_TABLE_SET list: at most [`MAC_LIST_MAX`] addresses, or overflowed.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-struct MacList {
-    macs: Vec<Mac>,
-    overflow: bool,
-}
-
-impl MacList {
-    fn set(&mut self, macs: &[Mac]) {
-        self.macs.clear();
-        self.overflow = macs.len() > MAC_LIST_MAX;
-        if !self.overflow {
-            self.macs.extend_from_slice(macs);
-        }
-    }
-
-    fn accepts(&self, dst: Mac) -> bool {
-        self.overflow || self.macs.contains(&dst)
-    }
-}
+/// Addresses a MAC_TABLE_SET list keeps, per list (vnet's [`vnet::ctrl::MacTable`], as the
+/// backend's filter keeps them: QEMU's `MAC_TABLE_ENTRIES`); a longer list overflows.
+pub const MAC_LIST_MAX: usize = vnet::ctrl::MAC_TABLE_ENTRIES;
 
 /// The receive filter of one port.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -55,8 +35,8 @@ pub struct RxFilter {
     /// The device's own address (the config space's `mac`, then MAC_ADDR_SET's); None for a
     /// port without one, the uplink.
     pub mac: Option<Mac>,
-    unicast: MacList,
-    multicast: MacList,
+    unicast: MacTable,
+    multicast: MacTable,
 }
 
 impl RxFilter {
@@ -71,16 +51,18 @@ impl RxFilter {
             nouni: false,
             nobcast: false,
             mac,
-            unicast: MacList::default(),
-            multicast: MacList::default(),
+            unicast: MacTable::default(),
+            multicast: MacTable::default(),
         }
     }
 
     /// MAC_TABLE_SET: the unicast and the multicast addresses the guest wants besides its
     /// own. Each list replaces the last; one longer than [`MAC_LIST_MAX`] overflows.
     pub fn set_mac_table(&mut self, unicast: &[Mac], multicast: &[Mac]) {
-        self.unicast.set(unicast);
-        self.multicast.set(multicast);
+        let table =
+            |macs: &[Mac]| MacTable::new(&macs.iter().map(|m| m.bytes()).collect::<Vec<_>>());
+        self.unicast = table(unicast);
+        self.multicast = table(multicast);
     }
 
     /// Whether the guest wants a frame sent to `dst`.
@@ -90,9 +72,10 @@ impl RxFilter {
         } else if dst.is_broadcast() {
             !self.nobcast
         } else if dst.is_multicast() {
-            !self.nomulti && (self.allmulti || self.multicast.accepts(dst))
+            !self.nomulti && (self.allmulti || self.multicast.accepts(&dst.bytes()))
         } else {
-            !self.nouni && (self.alluni || self.mac == Some(dst) || self.unicast.accepts(dst))
+            !self.nouni
+                && (self.alluni || self.mac == Some(dst) || self.unicast.accepts(&dst.bytes()))
         }
     }
 }

@@ -2,8 +2,8 @@
 //! worker: each frame's header and first bytes ([`super::flow::PREFIX`]) copied once, in one
 //! read, by the tx path (which checks the header's copy: [`Port::tx_prefix`]), classified from
 //! the copy, and delivered from the copy and the sender's memory into each destination's
-//! buffers. Its rx queue is not the pair's own rx
-//! path: the port adopts it into the pair's [`Sink`], into which any worker forwards.
+//! buffers. Its rx queue is not the pair's own rx path: the port adopts it into the pair's
+//! [`Sink`], into which any worker forwards.
 
 use std::os::fd::RawFd;
 use std::sync::{Arc, Mutex};
