@@ -70,6 +70,10 @@ pub struct GuestConfig {
     pub migratable: bool,
     /// More properties of the virtio-net-pci device, e.g. ",guest_tso4=off,guest_csum=off".
     pub device_extra: String,
+    /// IPv6 on, as a distribution's kernel boots. Off unless asked: its router solicitations,
+    /// MLD reports and duplicate address detection come at random times and spoil exact
+    /// packet counts.
+    pub ipv6: bool,
 }
 
 /// What a guest that migrates gets on top of its `memory_mb`, so that its memory is not a
@@ -135,6 +139,7 @@ impl GuestConfig {
             paused: false,
             migratable: false,
             device_extra: String::new(),
+            ipv6: false,
         }
     }
 
@@ -145,11 +150,13 @@ impl GuestConfig {
             // A panic (init died) reboots at once, and -no-reboot turns that into QEMU's exit.
             "panic=-1".to_string(),
             "quiet".to_string(),
-            // No IPv6 chatter (router solicitations, MLD), so packet counters are exact.
-            "ipv6.disable=1".to_string(),
             format!("vn_ip={}", self.ip),
             format!("vn_timeout={}", self.script_timeout.as_secs().max(1)),
         ];
+        if !self.ipv6 {
+            // No IPv6 chatter (router solicitations, MLD), so packet counters are exact.
+            args.push("ipv6.disable=1".to_string());
+        }
         if let Some(mtu) = self.mtu {
             args.push(format!("vn_mtu={mtu}"));
         }
