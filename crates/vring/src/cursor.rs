@@ -203,6 +203,21 @@ impl<'m, 'a> Writer<'m, 'a> {
         Ok(n)
     }
 
+    /// [`Writer::write`] of a short array of ours: with fixed-size stores
+    /// ([`GuestMemory::write_array`]) when the current segment holds it all.
+    #[inline]
+    pub fn write_array<const N: usize>(&mut self, bytes: [u8; N]) -> Result<usize, Error> {
+        match self.tail.iter().next() {
+            Some(s) if s.len as usize >= N => {
+                self.mem.write_array(s.addr, bytes)?;
+                self.tail.advance(N as u64)?;
+                self.written += N as u64;
+                Ok(N)
+            }
+            _ => self.write(&bytes),
+        }
+    }
+
     /// Copies all of `buf`; fails with [`Error::ShortChain`] (and writes nothing) when there
     /// is not room for it.
     pub fn write_all(&mut self, buf: &[u8]) -> Result<(), Error> {
@@ -376,6 +391,27 @@ mod tests {
         Reader::new(&mem, &segs).read_exact(&mut back).unwrap();
         assert_eq!(&back, b"ab12eXY");
         assert!(Writer::at(&mem, &segs, 8).is_err());
+    }
+
+    #[test]
+    fn an_array_is_written_like_a_slice_within_a_segment_and_across_one() {
+        let mem = GuestMemory::anonymous(&[(GuestAddress(0), 0x10000)]).unwrap();
+        let segs = [seg(0x1000, 5), seg(0x2000, 4)];
+        let mut w = Writer::new(&mem, &segs);
+        assert_eq!(
+            w.write_array(*b"abc").unwrap(),
+            3,
+            "within the first segment"
+        );
+        assert_eq!(w.write_array(*b"defg").unwrap(), 4, "across the boundary");
+        assert_eq!(w.write_array(*b"hijk").unwrap(), 2, "what fits");
+        assert_eq!((w.written(), w.remaining()), (9, 0));
+        let mut back = [0u8; 9];
+        Reader::new(&mem, &segs).read_exact(&mut back).unwrap();
+        assert_eq!(&back, b"abcdefghi");
+        // A segment outside memory: an error, as `write`'s.
+        let out = [seg(0x20000, 16)];
+        assert!(Writer::new(&mem, &out).write_array([0u8; 12]).is_err());
     }
 
     #[test]

@@ -232,6 +232,23 @@ impl GuestMemory {
         unsafe { std::ptr::copy_nonoverlapping(buf.as_ptr(), span.ptr, buf.len()) };
         Ok(())
     }
+
+    /// Stores `bytes` into guest memory at `addr` with fixed-size stores: a value built in
+    /// registers (a header) goes out from them, where a copy through a slice would reload it
+    /// from the stack, each load waiting for the narrow stores it spans to complete.
+    #[inline]
+    pub fn write_array<const N: usize>(
+        &self,
+        addr: GuestAddress,
+        bytes: [u8; N],
+    ) -> Result<(), Error> {
+        let span = self.host_span(addr, N)?;
+        // SAFETY: `host_span` checked that the N bytes lie inside a live mapping of `self`;
+        // the store is unaligned, and the peer may read or write them concurrently (then it
+        // sees, or leaves, garbage, as with `write`).
+        unsafe { std::ptr::write_unaligned(span.ptr.cast::<[u8; N]>(), bytes) };
+        Ok(())
+    }
 }
 
 fn out_of_range(addr: GuestAddress, len: usize) -> Error {
