@@ -1,9 +1,9 @@
 //! The fuzz targets' way in, compiled only with the `fuzzing` feature (which fuzz/ and the
 //! switch's criterion bench enable): the parts of the device that `ctrl_queue`, `vhost_user`
-//! and `switch_forward` drive directly, without the control thread or the accept loop, and a
-//! session's deadlines shortened. The shipped crate keeps each of them crate-private; these
-//! wrappers add nothing to them but [`queue_pair`], a queue and its driver's end as the
-//! harnesses build them.
+//! and `switch_forward` drive directly, without the control thread, the accept loop or the
+//! uplink's TAP, and a session's deadlines shortened. The shipped crate keeps each of them
+//! crate-private; these wrappers add nothing to them but [`queue_pair`], a queue and its
+//! driver's end as the harnesses build them.
 
 use std::io;
 use std::os::unix::net::UnixStream;
@@ -25,6 +25,9 @@ use crate::metrics::{QueueCounters, QueueTunables};
 use crate::queue::{QueueId, QueueRuntime};
 use crate::session::Session;
 use crate::shared::Shared;
+use crate::switch::core::{Scratch, SwitchCore};
+use crate::switch::tap::UplinkCounters;
+use crate::switch::PortId;
 
 /// The device state of `config` alone: no port, no worker threads.
 pub fn shared(config: BackendConfig) -> io::Result<Shared> {
@@ -107,4 +110,28 @@ pub fn serve_one(session: &mut Session) -> bool {
 /// What the accept loop does when a connection's loop ends: close it, stop its queues.
 pub fn close_session(session: &mut Session) {
     session.close()
+}
+
+/// What the uplink's worker does with a batch it read from the TAP (`UplinkPort::forward`
+/// after the read): frame `k` is `arena[at..at + n]` for `spans[k] = (at, n)`, at most 64 of
+/// them, each its 12-byte header then the frame; forwarded from port `id` of `core`, and
+/// counted in `counters.into`. No queue of the TAP: a frame from the host never goes back
+/// out of it.
+pub fn uplink_forward(
+    core: &SwitchCore,
+    id: PortId,
+    counters: &UplinkCounters,
+    arena: &[u8],
+    spans: &[(usize, usize)],
+) {
+    let mut sent = Vec::with_capacity(spans.len());
+    crate::switch::uplink::forward_read(
+        core,
+        id,
+        None,
+        counters,
+        (arena, spans),
+        &mut Scratch::default(),
+        &mut sent,
+    )
 }

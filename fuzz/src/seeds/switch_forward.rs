@@ -1,14 +1,16 @@
 //! The `switch_forward` seeds: flooding, known unicast and hairpin; port security and
 //! learning; announcements; offloads passed on or resolved in software (checksums, TCPv4,
 //! TCPv6 and UDP segmentation); malformed headers; short, tagged and odd frames; full,
-//! mergeable, too small, broken and stopped rings; two pairs and receive filters. Each is run
+//! mergeable, too small, broken and stopped rings; two pairs and receive filters; frames from
+//! the host through the uplink (resolved for a guest without the offloads, flooded, learned up
+//! to the uplink's limit); a guest's driver changing how many queue pairs it uses. Each is run
 //! against the models (which check every step) and checked for what its name promises.
 
 use super::{replay, write_corpus};
 use crate::encode::Encode;
 use crate::switch_forward::{
-    self as sf, guest_mac, Body, Built, FrameSpec, Hdr, Outcome, PortSetup, RxSetup, Step,
-    SwitchInput, TxFrame, L4,
+    self as sf, guest_mac, Body, Built, FrameSpec, Hdr, HostFrame, HostHdr, Outcome, PortSetup,
+    RxSetup, Step, SwitchInput, TxFrame, L4,
 };
 
 /// A broadcast's MAC number (`switch::model::mac`), a host behind the uplink, and others.
@@ -91,6 +93,29 @@ fn send(port: u8, frames: Vec<TxFrame>) -> Step {
 
 fn arp(src: u8, spa: u8, tpa: u8) -> Built {
     built(BCAST, src, Body::Arp { spa, tpa })
+}
+
+fn host(hdr: HostHdr, b: Built) -> HostFrame {
+    HostFrame {
+        hdr,
+        frame: FrameSpec::Built(b),
+        stale: 0x7777,
+    }
+}
+
+fn from_host(frames: Vec<HostFrame>) -> Step {
+    Step::Uplink { frames }
+}
+
+/// A host behind the uplink whose TCP flow to `dst` hashes to pair `pair` of two.
+fn host_on_pair(dst: u8, pair: u32) -> u8 {
+    (HOST..HOST + 50)
+        .find(|&h| {
+            let (f, _) = tcp4(dst, h, 10).bytes(false);
+            // The uplink's prefix is the whole frame.
+            virtnet_backend::switch::flow::hash(&f) % 2 == pair
+        })
+        .expect("a flow on each pair")
 }
 
 type Seed = (&'static str, SwitchInput, fn(&Outcome));
@@ -350,6 +375,66 @@ fn seeds() -> Vec<Seed> {
         steps: vec![send(0, flows)],
     };
 
+    let gso = |mss| HostHdr::Gso {
+        mss,
+        ecn: false,
+        linear: 100,
+    };
+    let mut runt = host(HostHdr::Plain, tcp4(BCAST, HOST, 0));
+    runt.frame = FrameSpec::Raw(vec![0xff; 13]);
+    let host_frames = SwitchInput {
+        uplink: Some(4),
+        ports: vec![guest(OFFLOADS), guest(0)],
+        steps: vec![from_host(vec![
+            // A TCPv4 super-frame of 4 segments: whole to guest 0, cut for guest 1.
+            host(gso(1000), tcp4(mac(0), HOST, 4000)),
+            host(gso(1000), tcp4(mac(1), HOST, 4000)),
+            // A partial checksum: finished for guest 1.
+            host(HostHdr::Csum, tcp4(mac(1), HOST + 1, 300)),
+            // Checked by the host's NIC already.
+            host(HostHdr::DataValid, tcp4(mac(0), HOST + 1, 300)),
+            // Shorter than a header, and than an Ethernet header.
+            host(HostHdr::Short(5), tcp4(mac(0), HOST, 1)),
+            runt,
+        ])],
+    };
+    let host_flood = SwitchInput {
+        uplink: Some(1),
+        ports: three(),
+        steps: vec![
+            // Flooded to every guest; HOST learned, HOST + 1 beyond the uplink's limit.
+            from_host(vec![
+                host(HostHdr::Plain, arp(HOST, 1, 2)),
+                host(HostHdr::Plain, arp(HOST + 1, 1, 2)),
+            ]),
+            // HOST is known behind the uplink: no guest gets it; HOST + 1 is not: flooded.
+            send(0, vec![plain(tcp4(HOST, mac(0), 10))]),
+            send(0, vec![plain(tcp4(HOST + 1, mac(0), 10))]),
+        ],
+    };
+    let mut two_pairs = guest(0);
+    two_pairs.two_pairs = true;
+    let on_one = host_on_pair(mac(0), 1);
+    let flow = || from_host(vec![host(HostHdr::Plain, tcp4(mac(0), on_one, 10))]);
+    let pairs = |pairs| Step::Pairs { port: 0, pairs };
+    let pairs_change = SwitchInput {
+        uplink: Some(4),
+        ports: vec![two_pairs, guest(0)],
+        steps: vec![
+            // On pair 1 of two; none, three or two pairs asked of the one-pair guest: refused.
+            flow(),
+            pairs(0),
+            pairs(3),
+            Step::Pairs { port: 1, pairs: 2 },
+            flow(),
+            // One pair: the flow moves to pair 0; two again: back on pair 1.
+            pairs(1),
+            flow(),
+            pairs(2),
+            flow(),
+        ],
+    };
+
     vec![
         ("forwarding", forwarding, |o| {
             assert_eq!(o.received, [2, 2, 1]);
@@ -394,6 +479,19 @@ fn seeds() -> Vec<Seed> {
         ("pairs_and_filters", pairs_and_filters, |o| {
             assert_eq!(o.received, [0, 7, 3, 3]);
             assert_eq!((o.filtered, o.rx_dropped), (1, 1));
+        }),
+        ("host_frames_resolved_and_short", host_frames, |o| {
+            assert_eq!(o.received, [2, 4 + 1]);
+            assert_eq!((o.resolved, o.segments), (2, 4));
+            assert_eq!((o.host_forwarded, o.host_dropped), (4, 2));
+        }),
+        ("host_broadcast_flooded_and_learned", host_flood, |o| {
+            assert_eq!(o.received, [2, 2 + 1, 2 + 1]);
+            assert_eq!((o.host_forwarded, o.host_dropped), (2, 0));
+        }),
+        ("pairs_changed_by_the_driver", pairs_change, |o| {
+            assert_eq!(o.by_pair, [vec![1, 3], vec![0, 0]]);
+            assert_eq!(o.pairs_refused, 3);
         }),
     ]
 }

@@ -1,7 +1,8 @@
 //! A guest port of the harness: its own guest memory, a tx queue whose driver posts a step's
-//! frames (each chain cut into buffers) and whose `TxPath` takes them as a worker does, and one
-//! or two rx queues ([`RxQueue`]) adopted into the port's `Sink`s; the port attached to the
-//! `SwitchCore` and to the reference model alike.
+//! frames (each chain cut into buffers) and whose `TxPath` takes them as a worker does, one
+//! or two rx queues ([`RxQueue`]) adopted into the port's `Sink`s, and a control queue (set
+//! up for the first MQ command) whose commands the control thread's `process_commands`
+//! answers; the port attached to the `SwitchCore` and to the reference model alike.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -12,10 +13,11 @@ use virtnet_backend::switch::model::{self as reference, Reference};
 use virtnet_backend::switch::sink::Sink;
 use virtnet_backend::switch::{PortAddress, PortConfig, PortId};
 use virtnet_backend::tx::TxPath;
-use virtnet_backend::{fuzzing, BackendConfig, IoMode, QueueId, Shared};
+use virtnet_backend::{fuzzing, BackendConfig, IoMode, QueueId, QueueRuntime, Shared};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+use vnet::ctrl::{self, Command};
 use vnet::TxHdrError;
-use vring::{Buf, DriverQueue, Features, GuestAddress, GuestMemory};
+use vring::{Buf, Chain, DriverQueue, Features, GuestAddress, GuestMemory};
 
 use super::model::{Ring, RxMode};
 use super::rx::{RxCounts, RxQueue};
@@ -26,6 +28,11 @@ use super::{guest_mac, PortSetup, TxFrame, FEATURES, MAX_BATCH, MAX_CUTS, MTUS};
 const MEM_SIZE: usize = 0x30_0000;
 const TX_RING: u64 = 0;
 const RX_RING: [u64; 2] = [0x4000, 0x8000];
+const CTRL_RING: u64 = 0xc000;
+const CTRL_SIZE: u16 = 4;
+/// An MQ command's bytes, and its ack.
+const CTRL_CMD: u64 = 0xe000;
+const CTRL_ACK: u64 = 0xe100;
 const TX_DATA: u64 = 0x1_0000;
 /// Each tx frame's slot: the longest frame and its header.
 const TX_SLOT: u64 = 0x1_2000;
@@ -50,11 +57,16 @@ pub(super) struct Guest {
     pub(super) mtu: u16,
     pub(super) mode: RxMode,
     pub(super) rx: Vec<RxQueue>,
+    /// The queue pairs in use, as the model keeps them: all at first, then what the driver
+    /// last asked for and the device acked.
+    pub(super) active: u16,
     tx_driver: DriverQueue<u32>,
+    ctrl: Option<(DriverQueue<u32>, QueueRuntime, Chain)>,
     tx: TxPath,
     port: GuestPort,
     pub(super) tx_counts: TxCounts,
     pub(super) received: usize,
+    pub(super) by_pair: [usize; 2],
 }
 
 fn eventfd() -> EventFd {
@@ -171,11 +183,14 @@ impl Guest {
             mtu,
             mode,
             rx,
+            active: pairs,
             tx_driver,
+            ctrl: None,
             tx,
             port,
             tx_counts: TxCounts::default(),
             received: 0,
+            by_pair: [0; 2],
         }
     }
 
@@ -227,5 +242,50 @@ impl Guest {
         }
         assert_eq!(used as usize, sent.len(), "tx frames not used");
         sent
+    }
+
+    /// The guest's driver asks for `n` queue pairs (MQ VQ_PAIRS_SET) on its control queue,
+    /// and the control thread answers: whether the device acked it OK.
+    pub(super) fn set_pairs(&mut self, n: u16) -> bool {
+        let (driver, rt, chain) = self.ctrl.get_or_insert_with(|| {
+            let at = (CTRL_RING, CTRL_SIZE);
+            let (driver, rt) = fuzzing::queue_pair(
+                &self.shared,
+                &self.mem,
+                QueueId::Ctrl,
+                at,
+                self.features,
+                false,
+            );
+            (driver, rt, Chain::new())
+        });
+        let cmd = Command::VqPairsSet(n).encode();
+        self.mem
+            .write(GuestAddress(CTRL_CMD), &cmd)
+            .expect("the command area");
+        // Neither OK nor ERR, until the device writes it.
+        self.mem
+            .write(GuestAddress(CTRL_ACK), &[0xa5])
+            .expect("the ack");
+        let readable = [Buf::new(GuestAddress(CTRL_CMD), cmd.len() as u32)];
+        let writable = [Buf::new(GuestAddress(CTRL_ACK), 1)];
+        driver
+            .add(&readable, &writable, 0)
+            .expect("room on the control ring");
+        driver.kick_prepare();
+        let done = fuzzing::process_commands(&self.shared, rt, chain);
+        assert_eq!(done, 1, "the MQ command was not answered");
+        let used = driver.get_used().expect("an honest device");
+        assert_eq!(used, Some((0, 1)), "the MQ command's ack");
+        let mut ack = [0u8];
+        self.mem
+            .read(GuestAddress(CTRL_ACK), &mut ack)
+            .expect("the ack");
+        assert!(
+            ack[0] == ctrl::OK || ack[0] == ctrl::ERR,
+            "an ack: {}",
+            ack[0]
+        );
+        ack[0] == ctrl::OK
     }
 }

@@ -1,6 +1,7 @@
 //! The `switch_forward` input: the switch's ports (each a guest device with its offloads, MTU,
 //! receive filter, queue pairs and rx buffers) and steps (a batch of tx frames from one port,
-//! or a port's driver posting its rx buffers again). A frame is raw bytes or built from a few
+//! a port's driver posting its rx buffers again, a batch of frames from the host through the
+//! uplink (`host.rs`), or a port's driver changing how many queue pairs it uses). A frame is raw bytes or built from a few
 //! numbers (Ethernet, VLAN, ARP, RARP, IPv4, IPv6, TCP, UDP, other protocols, cut short
 //! anywhere) behind a virtio-net header that is raw or made to fit the frame (a checksum or
 //! a GSO super-frame asked for, as a driver with the offloads sends them).
@@ -9,6 +10,7 @@ use arbitrary::Arbitrary;
 use vnet::csum::{self, Sum};
 use vnet::{NetHdr, HDR_F_NEEDS_CSUM, HDR_GSO_ECN, HDR_GSO_TCPV4, HDR_GSO_TCPV6, HDR_GSO_UDP_L4};
 
+use super::host::HostFrame;
 use crate::encode::{variant, Encode};
 use crate::encode_struct;
 
@@ -242,17 +244,28 @@ pub enum Step {
     Send { port: u8, frames: Vec<TxFrame> },
     /// Port `port % ports`'s driver posts again the rx buffers it got back.
     Refill { port: u8 },
+    /// The host sends `frames` (at most [`MAX_BATCH`]) in through the uplink, and its
+    /// worker forwards them as one batch read from the TAP (nothing without an uplink).
+    Uplink { frames: Vec<HostFrame> },
+    /// Port `port % ports`'s driver asks for `pairs % 4` queue pairs on its control queue
+    /// (MQ VQ_PAIRS_SET), between batches: 0, or more than it has, is refused.
+    Pairs { port: u8, pairs: u8 },
 }
 
 impl Encode for Step {
     fn encode(&self, out: &mut Vec<u8>) {
         match self {
             Step::Send { port, frames } => {
-                variant(0, 2, out);
+                variant(0, 4, out);
                 port.encode(out);
                 frames.encode(out);
             }
-            Step::Refill { port } => (variant(1, 2, out), port.encode(out)).1,
+            Step::Refill { port } => (variant(1, 4, out), port.encode(out)).1,
+            Step::Uplink { frames } => (variant(2, 4, out), frames.encode(out)).1,
+            Step::Pairs { port, pairs } => {
+                variant(3, 4, out);
+                [*port, *pairs].encode(out);
+            }
         }
     }
 }

@@ -9,12 +9,25 @@
 //! the tx header check (`tx::check_header`), `GuestPort::send` (the first bytes copied),
 //! `SwitchCore::forward` (`flow::frame`, `decide`, `flow::hash`, learning after the batch),
 //! and each destination's `Sink::deliver` (`vnet::gso` for a receiver without the offloads,
-//! `RxPath::deliver_pieces` into its ring).
+//! `RxPath::deliver_pieces` into its ring). Another step sends a batch of frames from the host
+//! through the uplink, laid out as the uplink reads them from its TAP and forwarded by the
+//! uplink's own code (`uplink::forward_read`, through `fuzzing::uplink_forward`): each behind
+//! a header the kernel writes for the TAP's offloads (none, DATA_VALID, a partial checksum or
+//! a GSO super-frame made to fit, `num_buffers` left stale), or shorter than a header
+//! (`host.rs`). Another has a guest's driver ask for 0 to 3 queue pairs on its control queue
+//! (MQ VQ_PAIRS_SET, answered by the control thread's `process_commands`) between batches.
 //!
 //! After every step the harness checks, against [`model`] and the backend's reference model
 //! of the decision (`switch::model::Reference`):
 //!
 //! - nothing panics, and every tx frame is used;
+//! - a frame from the host is decided from port 0 (learned from up to the uplink's limit),
+//!   never sent back out of the uplink, and delivered to guests as a guest's frame is (its
+//!   flow hashed over the whole frame, the uplink's prefix, not its first 64 bytes); the
+//!   uplink counts the frames it forwarded and their bytes, and as dropped those the decision
+//!   drops and those shorter than a header;
+//! - an MQ command is acked OK, and its pairs used from the next batch on, only for 1 up to
+//!   the pairs the guest has; anything else is acked ERR and changes nothing;
 //! - a header a driver must not send is refused (`NetHdr::check_tx`, whose verdict the
 //!   vhost_user target's `tx_header` rules check too) and counted by reason, and ends the
 //!   batch there (the frames after it are learned from after it);
@@ -22,7 +35,7 @@
 //!   MACs, flooding, hairpin, announcements), to the queue pair its flow hashes to, and
 //!   nowhere else: each rx ring holds exactly the frames the model offers it, in order, byte
 //!   for byte, behind the header the receiver should get (`num_buffers` the buffers the frame
-//!   took); a receiver without the offloads gets what `vnet::gso` makes of the frame (a
+//!   took; flags zero for one without GUEST_CSUM); a receiver without the offloads gets what `vnet::gso` makes of the frame (a
 //!   segment longer than its MTU dropped), and the segments keep what Linux's GSO
 //!   guarantees: the Ethernet header, IP lengths, IPv4's header checksum, UDP's length, and
 //!   the payloads, put together, the frame's; every transport checksum completed for a frame
@@ -32,23 +45,26 @@
 //!   buffer without a writable byte breaks the ring, and a broken ring takes nothing more
 //!   and counts each frame it is offered (`rx_missed`), those of the chunk that broke it
 //!   included; one never started takes nothing;
-//! - the tx, rx and per-port drop counters, every MAC table entry and the table's counters
-//!   are the models'.
+//! - the tx, rx and per-port drop counters, the uplink's, each guest's active pairs, every
+//!   MAC table entry and the table's counters are the models'.
 //!
 //! The MAC table has the reference model's capacity, and an age and a move hold of an hour:
 //! no run lasts that long, so the model's time stands still and no result depends on the
 //! clock.
 //!
-//! The input types are in `input.rs`; a guest port (memory, tx queue, attachment) in
-//! `guest.rs`, and its rx queues with the frames they should hold in `rx.rs`; what a receiver
-//! should get, frame by frame, in `model.rs`. This file is the switch, the batch's decision
-//! and delivery as the models see them, and the checks after each step.
+//! The input types are in `input.rs`, the host's frames in `host.rs`; a guest port (memory,
+//! tx and control queues, attachment) in `guest.rs`, and its rx queues with the frames they
+//! should hold in `rx.rs`; what a receiver should get, frame by frame, in `model.rs`. This
+//! file is the switch, the batches' decision and delivery as the models see them, and the
+//! checks after each step.
 
 mod guest;
+mod host;
 mod input;
 pub mod model;
 mod rx;
 
+pub use host::{HostFrame, HostHdr, TAP_OFFLOADS};
 pub use input::{
     guest_mac, Body, Built, FrameSpec, Hdr, PortSetup, RxSetup, Step, SwitchInput, TxFrame,
     FEATURES, L4, MAX_BATCH, MAX_CUTS, MAX_GUESTS, MTUS,
@@ -57,8 +73,10 @@ pub use input::{
 use std::sync::Arc;
 use std::time::Duration;
 
+use virtnet_backend::fuzzing;
 use virtnet_backend::switch::core::{Out, SwitchCore};
 use virtnet_backend::switch::model::{self as reference, Reference};
+use virtnet_backend::switch::tap::UplinkCounters;
 use virtnet_backend::switch::{flow, FdbConfig, Learn, PortConfig, PortId, Verdict};
 use virtnet_backend::QueueId;
 use vnet::{NetHdr, TxHdrError, HDR_LEN};
@@ -70,8 +88,15 @@ use rx::RxCounts;
 /// What a run did, for the seeds to check.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Outcome {
-    /// Frames each guest port received (segments one each), by port.
+    /// Frames each guest port received (segments one each), by port, and by port and pair.
     pub received: Vec<usize>,
+    pub by_pair: Vec<Vec<usize>>,
+    /// Frames from the host forwarded, and dropped (by the decision, or shorter than a
+    /// header), as the uplink counts them.
+    pub host_forwarded: u64,
+    pub host_dropped: u64,
+    /// MQ commands refused.
+    pub pairs_refused: usize,
     /// Tx frames refused for their header, and dropped by the decision.
     pub refused: u64,
     pub not_forwarded: u64,
@@ -87,11 +112,22 @@ pub struct Outcome {
     pub broken: usize,
 }
 
+/// The uplink's counters of frames from the host (`UplinkCounters::into`) as the model
+/// keeps them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct HostCounts {
+    packets: u64,
+    bytes: u64,
+    dropped: u64,
+}
+
 /// The switch, its ports, and the models.
 struct Harness {
     core: Arc<SwitchCore>,
     reference: Reference,
     uplink: bool,
+    uplink_counters: UplinkCounters,
+    host: HostCounts,
     guests: Vec<Guest>,
     out: Outcome,
 }
@@ -119,6 +155,8 @@ impl Harness {
             core,
             reference,
             uplink: input.uplink.is_some(),
+            uplink_counters: UplinkCounters::default(),
+            host: HostCounts::default(),
             guests,
             out: Outcome::default(),
         }
@@ -193,7 +231,7 @@ impl Harness {
                     assert!(self.uplink, "{what}: to an uplink the switch has not");
                     continue;
                 }
-                self.deliver(p.index() - 1, &hdr, &frame, *seeded, &what);
+                self.deliver(p.index() - 1, (&hdr, prefix), &frame, *seeded, &what);
             }
         }
         for l in learns.drain(..) {
@@ -205,6 +243,76 @@ impl Harness {
         c.dropped += tx.dropped;
         for (c, t) in c.hdr.iter_mut().zip(tx.hdr) {
             *c += t;
+        }
+        self.check();
+    }
+
+    /// The host sends `frames` in through the uplink: they are laid out as the uplink reads
+    /// a batch from its TAP (each 64-byte aligned), and forwarded as its worker forwards
+    /// them; the model decides each from port 0 and delivers it, and every ring and counter
+    /// is checked.
+    fn host_send(&mut self, frames: &[HostFrame]) {
+        let uplink = PortId::new(0).expect("port 0");
+        let (mut arena, mut spans, mut seeded) = (Vec::new(), Vec::new(), Vec::new());
+        for f in frames.iter().take(MAX_BATCH) {
+            let (bytes, s) = f.bytes();
+            spans.push((arena.len(), bytes.len()));
+            arena.extend(&bytes);
+            arena.resize(arena.len().next_multiple_of(64), 0);
+            seeded.push(s);
+        }
+        fuzzing::uplink_forward(&self.core, uplink, &self.uplink_counters, &arena, &spans);
+        let mut learns: Vec<Learn> = Vec::new();
+        self.begin_batch();
+        for (k, (&(at, n), &seeded)) in spans.iter().zip(&seeded).enumerate() {
+            let what = format!("frame {k} from the host");
+            let Some(hdr) = arena[at..at + n].first_chunk::<HDR_LEN>() else {
+                self.host.dropped += 1;
+                continue;
+            };
+            let hdr = NetHdr::from_bytes(hdr);
+            let frame = &arena[at + HDR_LEN..at + n];
+            let to = model::frame(&frame[..frame.len().min(model::PREFIX)]).and_then(|f| {
+                let d = self.reference.decide(uplink, f);
+                learns.extend(d.learn);
+                match d.verdict {
+                    Verdict::Forward(to) => Some(to),
+                    Verdict::Drop(_) => None,
+                }
+            });
+            let Some(to) = to else {
+                self.host.dropped += 1;
+                self.out.not_forwarded += 1;
+                continue;
+            };
+            self.host.packets += 1;
+            self.host.bytes += frame.len() as u64;
+            for p in to.iter() {
+                assert_ne!(p.index(), 0, "{what}: back out of the uplink");
+                // The uplink's prefix is the frame whole: its flow hash reads past the
+                // first bytes a guest's frame is hashed over (an IPv6 frame's ports
+                // behind two tags, say).
+                self.deliver(p.index() - 1, (&hdr, frame), frame, seeded, &what);
+            }
+        }
+        for l in learns.drain(..) {
+            self.reference.learn(l);
+        }
+        self.begin_batch();
+        self.check();
+    }
+
+    /// Guest `g`'s driver asks for `n` queue pairs: acked OK, and used from the next batch,
+    /// only for 1 up to the pairs it has.
+    fn set_pairs(&mut self, g: usize, n: u16) {
+        let guest = &mut self.guests[g];
+        let ok = guest.set_pairs(n);
+        let want = (1..=guest.rx.len() as u16).contains(&n);
+        assert_eq!(ok, want, "{:?}: VQ_PAIRS_SET {n}", guest.id);
+        if ok {
+            guest.active = n;
+        } else {
+            self.out.pairs_refused += 1;
         }
         self.check();
     }
@@ -222,12 +330,19 @@ impl Harness {
         }
     }
 
-    /// What guest `d`'s sink should make of `frame`.
-    fn deliver(&mut self, d: usize, hdr: &NetHdr, frame: &[u8], seeded: bool, what: &str) {
+    /// What guest `d`'s sink should make of `frame`, sent behind `hdr`, whose bytes the
+    /// switch read first (its flow hashed over them) are `prefix`.
+    fn deliver(
+        &mut self,
+        d: usize,
+        (hdr, prefix): (&NetHdr, &[u8]),
+        frame: &[u8],
+        seeded: bool,
+        what: &str,
+    ) {
         let dest = &mut self.guests[d];
-        let prefix = &frame[..frame.len().min(model::PREFIX)];
         let pairs = dest.rx.len() as u32;
-        let active = (dest.shared.active_pairs() as u32).clamp(1, pairs);
+        let active = (dest.active as u32).clamp(1, pairs);
         let pair = if pairs > 1 {
             (flow::hash(prefix) % active) as usize
         } else {
@@ -293,6 +408,7 @@ impl Harness {
                 let what = format!("{:?} pair {p}", g.id);
                 let n = q.check(&g.mem, &what);
                 g.received += n;
+                g.by_pair[p] += n;
                 let c = g.shared.queue_counters(QueueId::Rx(p as u16)).snapshot();
                 let got = RxCounts {
                     packets: c.packets,
@@ -320,7 +436,25 @@ impl Harness {
             assert_eq!(got, g.tx_counts, "{:?}: tx counters", g.id);
             let port = self.core.port_counters(g.id);
             assert_eq!(port, self.reference.port_counters(g.id), "{:?}", g.id);
+            assert_eq!(
+                g.shared.active_pairs(),
+                g.active,
+                "{:?}: active pairs",
+                g.id
+            );
         }
+        let c = self.uplink_counters.into.snapshot();
+        let got = HostCounts {
+            packets: c.packets,
+            bytes: c.bytes,
+            dropped: c.dropped,
+        };
+        assert_eq!(
+            got, self.host,
+            "the uplink's counters of frames from the host"
+        );
+        let c = self.uplink_counters.out.snapshot();
+        assert_eq!((c.packets, c.dropped), (0, 0), "nothing written to a TAP");
         let show = self.core.fdb_show();
         let mut entries: Vec<_> = show
             .entries
@@ -361,10 +495,22 @@ pub fn run(input: &SwitchInput) -> Outcome {
                 }
                 h.check();
             }
+            Step::Uplink { frames } => {
+                if h.uplink {
+                    h.host_send(frames);
+                }
+            }
+            Step::Pairs { port, pairs } => {
+                let g = *port as usize % h.guests.len();
+                h.set_pairs(g, (*pairs % 4).into());
+            }
         }
     }
+    h.out.host_forwarded = h.host.packets;
+    h.out.host_dropped = h.host.dropped;
     for g in &h.guests {
         h.out.received.push(g.received);
+        h.out.by_pair.push(g.by_pair.to_vec());
         for q in &g.rx {
             h.out.rx_missed += q.counts.rx_missed;
             h.out.rx_dropped += q.counts.dropped;

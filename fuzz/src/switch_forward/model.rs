@@ -140,7 +140,14 @@ fn resolve(hdr: &NetHdr, frame: &[u8], features: Features, mtu: u16) -> Offer {
             if hdr.gso_type == HDR_GSO_NONE && frame.len() > longest {
                 return one(Piece::Dropped);
             }
-            return one(Piece::Frame(*hdr, frame.to_vec()));
+            // A receiver without GUEST_CSUM gets flags zero (VIRTIO 1.2 5.1.6.4.1): a
+            // header passed as sent carries no NEEDS_CSUM then, but may carry the host's
+            // DATA_VALID.
+            let mut hdr = *hdr;
+            if !features.contains(vnet::feature::GUEST_CSUM) {
+                hdr.flags = 0;
+            }
+            return one(Piece::Frame(hdr, frame.to_vec()));
         }
         Delivery::Resolve(c) => c,
     };

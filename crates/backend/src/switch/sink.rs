@@ -163,6 +163,7 @@ impl Sink {
             done: Delivered::default(),
             bytes: 0,
         };
+        let guest_csum = filling.features.contains(vnet::feature::GUEST_CSUM);
         let mut batch = [Pieces::default(); N];
         let mut n = 0;
         // On a ring error, the frames it cost: those of the batch and the one being resolved.
@@ -177,6 +178,12 @@ impl Sink {
                         continue;
                     }
                     batch[n] = f;
+                    if !guest_csum {
+                        // DATA_VALID (the uplink's kernel passes it on for a frame a NIC
+                        // checked) is for a guest with GUEST_CSUM: one without gets flags
+                        // zero (VIRTIO 1.2 5.1.6.4.1).
+                        batch[n].hdr.flags = 0;
+                    }
                     n += 1;
                     if n == N {
                         if let Err(e) = filling.flush(&batch) {

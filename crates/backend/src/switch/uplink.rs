@@ -115,44 +115,17 @@ impl Port for UplinkPort {
 
     fn forward(&mut self, budget: usize) -> usize {
         let n = self.read_batch(budget);
-        if n == 0 {
-            return 0;
+        if n > 0 {
+            forward_read(
+                &self.core,
+                self.id,
+                Some(&self.queue),
+                &self.counters,
+                (&self.arena, &self.spans),
+                &mut self.scratch,
+                &mut self.sent,
+            );
         }
-        let arena = &self.arena;
-        let mut frames: [Inbound<'_>; BATCH] = std::array::from_fn(|_| Inbound::default());
-        let mut len = 0;
-        let mut bytes = 0u64;
-        for &(at, n) in &self.spans {
-            if n < vnet::HDR_LEN {
-                continue;
-            }
-            let b = &arena[at..at + n];
-            let mut hdr = [0u8; vnet::HDR_LEN];
-            hdr.copy_from_slice(&b[..vnet::HDR_LEN]);
-            frames[len] = Inbound {
-                hdr: NetHdr::from_bytes(&hdr),
-                tap_head: &[],
-                prefix: &b[vnet::HDR_LEN..],
-                rest: None,
-            };
-            bytes += (n - vnet::HDR_LEN) as u64;
-            len += 1;
-        }
-        self.sent.clear();
-        // Frames from the host never go back out of the uplink (not a hairpin port), and
-        // have no rest in guest memory: the forwarding step has no guest error to return.
-        let _ = self.core.forward(
-            self.id,
-            &frames[..len],
-            Some(&self.queue),
-            &mut self.scratch,
-            &mut self.sent,
-        );
-        let c = &self.counters.into;
-        let dropped = self.sent.iter().filter(|s| **s != Sent::Taken).count();
-        c.packets.add((len - dropped) as u64);
-        c.bytes.add(bytes);
-        c.dropped.add((dropped + n - len) as u64);
         n
     }
 
@@ -162,5 +135,118 @@ impl Port for UplinkPort {
 
     fn fd(&self) -> Option<RawFd> {
         Some(self.tap.as_raw_fd())
+    }
+}
+
+/// Forwards a batch the uplink read from the TAP, from its port `id` of `core`: frame `k` is
+/// `arena[at..at + n]` for `spans[k] = (at, n)` (at most [`BATCH`] of them), its 12-byte
+/// virtio-net header (the kernel's, trusted) then the frame, which has no rest. Counted in
+/// `counters.into`: the frames forwarded and their bytes; those the decision dropped, and
+/// those shorter than a header, as dropped. `queue` is the worker's queue of the TAP, which
+/// the forwarding step takes, though a frame from the host never goes back out of it.
+pub(crate) fn forward_read(
+    core: &SwitchCore,
+    id: PortId,
+    queue: Option<&Mutex<UplinkQueue>>,
+    counters: &UplinkCounters,
+    (arena, spans): (&[u8], &[(usize, usize)]),
+    scratch: &mut Scratch,
+    sent: &mut Vec<Sent>,
+) {
+    let mut frames: [Inbound<'_>; BATCH] = std::array::from_fn(|_| Inbound::default());
+    let mut len = 0;
+    for &(at, n) in spans {
+        if n < vnet::HDR_LEN {
+            continue;
+        }
+        let b = &arena[at..at + n];
+        let mut hdr = [0u8; vnet::HDR_LEN];
+        hdr.copy_from_slice(&b[..vnet::HDR_LEN]);
+        frames[len] = Inbound {
+            hdr: NetHdr::from_bytes(&hdr),
+            tap_head: &[],
+            prefix: &b[vnet::HDR_LEN..],
+            rest: None,
+        };
+        len += 1;
+    }
+    let frames = &frames[..len];
+    sent.clear();
+    // Frames from the host never go back out of the uplink (not a hairpin port), and have no
+    // rest in guest memory: the forwarding step has no guest error to return.
+    let _ = core.forward(id, frames, queue, scratch, sent);
+    let (mut packets, mut bytes) = (0u64, 0u64);
+    for (f, s) in frames.iter().zip(sent.iter()) {
+        if *s == Sent::Taken {
+            packets += 1;
+            bytes += f.prefix.len() as u64;
+        }
+    }
+    // Bytes of the frames forwarded only, as `packets` counts them.
+    let c = &counters.into;
+    c.packets.add(packets);
+    c.bytes.add(bytes);
+    c.dropped.add(spans.len() as u64 - packets);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::switch::core::Out;
+    use crate::switch::{FdbConfig, Mac, PortConfig};
+
+    fn frame(dst: [u8; 6], src: [u8; 6], len: usize) -> Vec<u8> {
+        let mut f = vec![0u8; vnet::HDR_LEN];
+        f.extend(dst);
+        f.extend(src);
+        f.extend(0x0800u16.to_be_bytes());
+        f.resize(vnet::HDR_LEN + len, 0x5a);
+        f
+    }
+
+    #[test]
+    fn a_batch_from_the_host_is_forwarded_learned_from_and_counted() {
+        let core = SwitchCore::new(FdbConfig::default()).unwrap();
+        let (uplink, other) = (PortId::new(0).unwrap(), PortId::new(1).unwrap());
+        core.add_port(uplink, PortConfig::uplink(4), Out::Uplink)
+            .unwrap();
+        // A second port that writes nowhere (no TAP queue is passed): a destination.
+        core.add_port(other, PortConfig::uplink(4), Out::Uplink)
+            .unwrap();
+        let host = [2, 0, 0, 0, 0, 1];
+        let reads = [
+            // Shorter than a header; a header and 13 bytes (no ethertype); a broadcast; one
+            // from a multicast source.
+            vec![0; 5],
+            vec![0; vnet::HDR_LEN + 13],
+            frame([0xff; 6], host, 60),
+            frame([0xff; 6], [1, 0, 0x5e, 0, 0, 1], 60),
+        ];
+        let (mut arena, mut spans) = (Vec::new(), Vec::new());
+        for r in &reads {
+            spans.push((arena.len(), r.len()));
+            arena.extend(r);
+            arena.resize(arena.len().next_multiple_of(64), 0);
+        }
+        let counters = UplinkCounters::default();
+        let mut sent = Vec::new();
+        let mut scratch = Scratch::default();
+        let batch = (&arena[..], &spans[..]);
+        forward_read(
+            &core,
+            uplink,
+            None,
+            &counters,
+            batch,
+            &mut scratch,
+            &mut sent,
+        );
+        assert_eq!(sent, [Sent::Dropped, Sent::Taken, Sent::Dropped]);
+        let c = counters.into.snapshot();
+        assert_eq!((c.packets, c.bytes, c.dropped), (1, 60, 3));
+        let learned = core.fdb_show().entries;
+        assert!(learned
+            .iter()
+            .any(|e| e.mac == Mac::new(host) && e.port == uplink));
     }
 }
