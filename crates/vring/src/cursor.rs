@@ -67,6 +67,31 @@ impl<'a> Tail<'a> {
         })
     }
 
+    /// Where the next `n` bytes (at least one) are, when the first segment holds them all:
+    /// the cursors' quick way (a header, a short frame), without walking the segments.
+    #[inline]
+    fn front(&self, n: usize) -> Option<crate::GuestAddress> {
+        let s = self.segs.first()?;
+        let room = (s.len - self.skip) as usize;
+        (n > 0 && n <= room).then(|| crate::GuestAddress(s.addr.0.wrapping_add(self.skip as u64)))
+    }
+
+    /// Drops the `n` bytes [`Tail::front`] found, as [`Tail::advance`] would.
+    #[inline]
+    fn drop_front(&mut self, n: usize) {
+        self.skip += n as u32;
+        if self.skip == self.segs[0].len {
+            self.skip = 0;
+            self.segs = &self.segs[1..];
+            while let Some((first, rest)) = self.segs.split_first() {
+                if first.len > 0 {
+                    break;
+                }
+                self.segs = rest;
+            }
+        }
+    }
+
     /// Drops the first `n` bytes; an error (and nothing dropped) when fewer are left.
     pub fn advance(&mut self, n: u64) -> Result<(), Error> {
         let left = self.len();
@@ -129,6 +154,11 @@ impl<'m, 'a> Reader<'m, 'a> {
     /// [`Error::ShortChain`] and reads nothing; a segment outside memory (the memory changed
     /// since the chain was popped) fails with the memory's error.
     pub fn read_exact(&mut self, buf: &mut [u8]) -> Result<(), Error> {
+        if let Some(addr) = self.tail.front(buf.len()) {
+            self.mem.read(addr, buf)?;
+            self.tail.drop_front(buf.len());
+            return Ok(());
+        }
         let left = self.tail.len();
         if buf.len() as u64 > left {
             return Err(Error::ShortChain {
@@ -188,6 +218,12 @@ impl<'m, 'a> Writer<'m, 'a> {
 
     /// Copies as much of `buf` as there is room for; returns how much that was.
     pub fn write(&mut self, buf: &[u8]) -> Result<usize, Error> {
+        if let Some(addr) = self.tail.front(buf.len()) {
+            self.mem.write(addr, buf)?;
+            self.tail.drop_front(buf.len());
+            self.written += buf.len() as u64;
+            return Ok(buf.len());
+        }
         let n = (buf.len() as u64).min(self.tail.len()) as usize;
         let mut at = 0;
         for s in self.tail.iter() {
@@ -207,14 +243,14 @@ impl<'m, 'a> Writer<'m, 'a> {
     /// ([`GuestMemory::write_array`]) when the current segment holds it all.
     #[inline]
     pub fn write_array<const N: usize>(&mut self, bytes: [u8; N]) -> Result<usize, Error> {
-        match self.tail.iter().next() {
-            Some(s) if s.len as usize >= N => {
-                self.mem.write_array(s.addr, bytes)?;
-                self.tail.advance(N as u64)?;
+        match self.tail.front(N) {
+            Some(addr) => {
+                self.mem.write_array(addr, bytes)?;
+                self.tail.drop_front(N);
                 self.written += N as u64;
                 Ok(N)
             }
-            _ => self.write(&bytes),
+            None => self.write(&bytes),
         }
     }
 
@@ -391,6 +427,38 @@ mod tests {
         Reader::new(&mem, &segs).read_exact(&mut back).unwrap();
         assert_eq!(&back, b"ab12eXY");
         assert!(Writer::at(&mem, &segs, 8).is_err());
+    }
+
+    /// The quick way of a read or write within the first segment leaves the tail where
+    /// `advance` does, zero-length segments after it dropped too.
+    #[test]
+    fn reads_and_writes_of_any_length_leave_the_tail_where_advance_does() {
+        let mem = GuestMemory::anonymous(&[(GuestAddress(0), 0x10000)]).unwrap();
+        let layouts: [&[Segment]; 3] = [
+            &[seg(0x1000, 4), seg(0x2000, 0), seg(0x3000, 5)],
+            &[
+                seg(0x1000, 0),
+                seg(0x2000, 3),
+                seg(0x3000, 0),
+                seg(0x4000, 0),
+            ],
+            &[seg(0x1000, 9)],
+        ];
+        for segs in layouts {
+            let total = Tail::new(segs).len() as usize;
+            for first in 0..=total {
+                for n in 0..=total - first {
+                    let want = Tail::after(segs, (first + n) as u64).unwrap();
+                    let mut r = Reader::new(&mem, segs);
+                    r.skip(first as u64).unwrap();
+                    r.read_exact(&mut vec![0; n]).unwrap();
+                    assert_eq!(r.tail(), want, "read {n} after {first} of {segs:?}");
+                    let mut w = Writer::at(&mem, segs, first as u64).unwrap();
+                    assert_eq!(w.write(&vec![7; n]).unwrap(), n);
+                    assert_eq!(w.tail, want, "write {n} after {first} of {segs:?}");
+                }
+            }
+        }
     }
 
     #[test]
