@@ -646,6 +646,41 @@ mod tests {
         assert_eq!(q.avail_mark(), before);
     }
 
+    /// A TAP hands on DATA_VALID (a frame a NIC checked) whatever the offloads it was set
+    /// with: a guest with GUEST_CSUM gets it, one without gets flags zero (5.1.6.4.1), read
+    /// straight into its buffers or copied.
+    #[test]
+    fn data_valid_reaches_only_a_guest_that_negotiated_guest_csum() {
+        const DATA_VALID: u8 = 2;
+        for csum in [false, true] {
+            let features = if csum {
+                MRG.union(vnet::feature::GUEST_CSUM)
+            } else {
+                MRG
+            };
+            let (mut rx, mut driver, mem) = rx_path(features);
+            post_rx(&mut driver, 8, 1024);
+            let mut f = frame(100);
+            f[0] = DATA_VALID;
+            let host = Host::with(std::slice::from_ref(&f));
+            let s = shared();
+            let (got, _) = direct(&mut rx, &s, &host, 3000, 100);
+            assert_eq!(got, Ok(Direct::Delivered(100)));
+            let mut copied = f.clone();
+            assert_eq!(rx.deliver(&s, &mut copied), Ok(Delivery::Delivered));
+            rx.queue.as_mut().unwrap().flush();
+            let want = if csum { DATA_VALID } else { 0 };
+            let used = used(&mut driver);
+            assert_eq!(used.len(), 2, "one frame read straight in, one copied");
+            for (head, _) in used {
+                let mut flags = [0u8];
+                mem.read(Pair::buf(head.into(), 0).addr, &mut flags)
+                    .unwrap();
+                assert_eq!(flags[0], want, "GUEST_CSUM {csum}, buffer {head}");
+            }
+        }
+    }
+
     #[test]
     fn a_broken_rx_queue_has_no_buffers_even_with_some_posted() {
         let (mut rx, mut driver, _mem) = rx_path(MRG);

@@ -165,6 +165,13 @@ pub(super) fn deliver(
         frame[vnet::NUM_BUFFERS_OFFSET as usize..vnet::HDR_LEN]
             .copy_from_slice(&(used as u16).to_le_bytes());
     }
+    if !features.contains(feature::GUEST_CSUM) {
+        if let Some(flags) = frame.first_mut() {
+            // A TAP marks a frame a NIC checked DATA_VALID whatever its offloads: a guest
+            // without GUEST_CSUM gets flags zero (VIRTIO 1.2 5.1.6.4.1).
+            *flags = 0;
+        }
+    }
     // No Arc clone of the memory here: its locked refcount update would wait for this frame's
     // stores to shared memory to drain, once per frame (measured: most of the rx path's time).
     let mut rest: &[u8] = frame;

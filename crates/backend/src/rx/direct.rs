@@ -126,6 +126,11 @@ impl RxPath {
             let at = vnet::NUM_BUFFERS_OFFSET as usize;
             Writer::at(rx.memory(), &self.segs, at as u64)?.write_all(&count)?;
         }
+        if !features.contains(feature::GUEST_CSUM) {
+            // The TAP marks a frame a NIC checked DATA_VALID whatever its offloads: a guest
+            // without GUEST_CSUM gets flags zero (VIRTIO 1.2 5.1.6.4.1).
+            Writer::new(rx.memory(), &self.segs).write_all(&[0])?;
+        }
         let mut left = n as u64;
         for i in 0..used {
             let c = self.posted.pop_front().expect("counted above");
