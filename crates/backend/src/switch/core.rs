@@ -159,20 +159,30 @@ impl SwitchCore {
         learns.clear();
         {
             let fdb = self.fdb.read();
-            // The last frame forwarded from a source known on this port, and where it went: a
-            // batch is mostly one flow or a few, and under the same locks and tick a frame with
-            // the same addresses gets the same decision (drops and refused sources are decided
-            // each time, for their counters).
+            // The last frame forwarded from a source known on this port, where it went, and
+            // its one route when that does not hang on the frame's flow: a batch is mostly one
+            // flow or a few, and under the same locks and tick a frame with the same addresses
+            // gets the same decision (drops and refused sources are decided each time, for
+            // their counters).
             let mut last: Option<(Frame, PortSet)> = None;
+            let mut route: Option<(u16, u16)> = None;
             for (k, f) in frames.iter().enumerate() {
                 let Some(frame) = flow::frame(f.prefix) else {
                     // Shorter than an Ethernet header: nothing to switch on.
                     sent.push(Sent::Dropped);
                     continue;
                 };
+                if let (Some((seen, _)), Some((port, pair))) = (last, route) {
+                    if seen == frame {
+                        sent.push(Sent::Taken);
+                        routes.push((port, pair, k as u16));
+                        continue;
+                    }
+                }
                 let to = match last {
                     Some((seen, to)) if seen == frame => to,
                     _ => {
+                        route = None;
                         let d = decide(&table.ports, &fdb, from, frame, now);
                         learns.extend(d.learn);
                         match d.verdict {
@@ -202,6 +212,10 @@ impl SwitchCore {
                         _ => 0,
                     };
                     routes.push((p.index() as u16, pair, k as u16));
+                }
+                if last.is_some() && hash.is_none() && to.len() == 1 {
+                    // One port, one pair whatever the flow: the same frames go there too.
+                    route = routes.last().map(|&(port, pair, _)| (port, pair));
                 }
             }
         }
