@@ -152,8 +152,11 @@ impl NetHdr {
         Ok(())
     }
 
+    #[inline]
     pub fn to_bytes(self) -> [u8; HDR_LEN] {
-        // In two stores, of 8 and 4 bytes: the copy of the array that usually follows loads
+        // Inlined, so that a caller's field just set (`num_buffers`) stays in a register:
+        // called, the fields were loaded back from memory, two of them in one load that
+        // waited for the separate stores it spans. In two stores, of 8 and 4 bytes: the copy of the array that usually follows loads
         // them back as they were stored (a store per field made each of its loads wait for
         // the stores it spans to complete).
         let lo = self.flags as u64
@@ -168,6 +171,7 @@ impl NetHdr {
         b
     }
 
+    #[inline]
     pub fn from_bytes(b: &[u8; HDR_LEN]) -> NetHdr {
         let u = |i: usize| u16::from_le_bytes([b[i], b[i + 1]]);
         NetHdr {

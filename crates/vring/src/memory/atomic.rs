@@ -52,7 +52,8 @@ impl GuestMemory {
         }
         #[cfg(not(loom))]
         {
-            let ptr = NonNull::new(span.ptr as *mut T).ok_or(out_of_range(addr, span.len))?;
+            let ptr =
+                NonNull::new(span.ptr as *mut T).ok_or_else(|| out_of_range(addr, span.len))?;
             Ok(SharedSlice {
                 ptr,
                 len: count,
@@ -93,7 +94,7 @@ impl GuestMemory {
         let size = T::BYTES;
         let bytes = count
             .checked_mul(size)
-            .ok_or(out_of_range(addr, usize::MAX))?;
+            .ok_or_else(|| out_of_range(addr, usize::MAX))?;
         let span = self.host_span(addr, bytes)?;
         // Guest alignment is what the spec talks about, but host alignment is what makes the
         // atomic reference valid; regions are page-aligned in both spaces in practice.
