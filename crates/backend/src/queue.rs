@@ -96,6 +96,12 @@ impl QueueRuntime {
         self.queue.pop_into(chain)
     }
 
+    /// Asks for the descriptors of the next `n` available chains ([`vring::DeviceQueue::prefetch_avail`]).
+    #[inline]
+    pub fn prefetch_avail(&self, n: usize) {
+        self.queue.prefetch_avail(n.min(u16::MAX as usize) as u16)
+    }
+
     /// Hands back the last `count` chains popped and not used, to be popped again.
     #[inline]
     pub fn undo_pop(&mut self, count: u16) {
@@ -106,6 +112,13 @@ impl QueueRuntime {
     #[inline]
     pub fn add_used(&mut self, head: u16, len: u32) -> Result<(), RingError> {
         self.queue.add_used(head, len)
+    }
+
+    /// Completes chain `head`, which the device only read (a transmitted frame): with
+    /// IN_ORDER, one used element per run of them ([`vring::DeviceQueue::add_used_read`]).
+    #[inline]
+    pub fn add_used_read(&mut self, head: u16) -> Result<(), RingError> {
+        self.queue.add_used_read(head)
     }
 
     /// Completes `chain` with `len` bytes written into it, logged for a migration; `last`:

@@ -265,6 +265,7 @@ impl TxPath {
             let want = batch.min(super::turn::WEIGHT_PACKETS - turn.frames);
             let mut popped = 0;
             let mut pop_error = None;
+            tx.prefetch_avail(want);
             while popped < want {
                 match tx.pop_into(&mut self.chains[popped]) {
                     Ok(true) => popped += 1,
@@ -320,7 +321,7 @@ impl TxPath {
                         break 'turn Ok(());
                     }
                 }
-                if let Err(e) = tx.add_used(chain.head(), 0) {
+                if let Err(e) = tx.add_used_read(chain.head()) {
                     break 'turn Err(e);
                 }
                 turn.frames += 1;
@@ -337,7 +338,7 @@ impl TxPath {
                     Some(Ok(why)) => {
                         tx.counters().dropped.add(1);
                         tx.counters().hdr_refused(&why);
-                        if let Err(e) = tx.add_used(chains[cut].head(), 0) {
+                        if let Err(e) = tx.add_used_read(chains[cut].head()) {
                             break 'turn Err(e);
                         }
                         turn.frames += 1;

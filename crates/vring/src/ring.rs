@@ -141,6 +141,15 @@ impl Rings {
         Desc::from_words(d[i].load(Relaxed), d[i + 1].load(Relaxed))
     }
 
+    /// Asks for the cache line of descriptor `i` (see [`crate::memory::prefetch_value`]); an
+    /// `i` out of the table does nothing.
+    #[inline(always)]
+    pub fn prefetch_desc(&self, i: u16) {
+        if let Some(d) = self.desc.as_slice().get(i as usize * 2) {
+            crate::memory::prefetch_value(d);
+        }
+    }
+
     #[inline(always)]
     pub fn set_desc(&self, i: u16, desc: Desc) {
         let d = self.desc.as_slice();

@@ -221,6 +221,7 @@ pub(super) fn deliver_pieces(
 ) -> Result<(), RingError> {
     let out = &mut out[..frames.len()];
     let hdr_len = rx.hdr_len();
+    rx.prefetch_avail(frames.len());
     let mut next = 0;
     while next < frames.len() {
         // The chains each delivered frame of the round takes, in order.
@@ -235,8 +236,12 @@ pub(super) fn deliver_pieces(
                 match pop_for(rx, chains, at, hdr_len as u64 + f.frame_len(), grown)? {
                     Popped::Fits(used) => {
                         if let Some(s) = chains[at].writable().first() {
-                            let len = (s.len as usize).min(PREFETCH_FIRST);
-                            rx.memory().prefetch_write(s.addr, len);
+                            // No more lines than the frame writes: an owned line it does not
+                            // write is a transfer for nothing, and one back when the guest
+                            // next touches it.
+                            let want = hdr_len as u64 + f.frame_len();
+                            let len = want.min(s.len as u64).min(PREFETCH_FIRST as u64);
+                            rx.memory().prefetch_write(s.addr, len as usize);
                         }
                         takes[delivered] = used as u16;
                         delivered += 1;
