@@ -23,7 +23,6 @@ use super::tap::UplinkQueue;
 use super::tick::Tick;
 use super::SwitchError;
 use crate::host::Sent;
-use crate::rx::Pieces;
 use crate::shared::Shared;
 
 /// Where frames for a port go.
@@ -167,7 +166,7 @@ impl SwitchCore {
             let mut last: Option<(Frame, PortSet)> = None;
             let mut route: Option<(u16, u16)> = None;
             for (k, f) in frames.iter().enumerate() {
-                let Some(frame) = flow::frame(f.prefix) else {
+                let Some(frame) = flow::frame(f.pieces.prefix) else {
                     // Shorter than an Ethernet header: nothing to switch on.
                     sent.push(Sent::Dropped);
                     continue;
@@ -206,7 +205,7 @@ impl SwitchCore {
                     let pair = match &table.outs[p.index()] {
                         Some(Out::Guest { shared, sinks }) if sinks.len() > 1 => {
                             let active = shared.active_pairs().clamp(1, sinks.len() as u16);
-                            let h = *hash.get_or_insert_with(|| flow::hash(f.prefix));
+                            let h = *hash.get_or_insert_with(|| flow::hash(f.pieces.prefix));
                             (h % active as u32) as u16
                         }
                         _ => 0,
@@ -229,14 +228,7 @@ impl SwitchCore {
             let (port, pair) = (run[0].0 as usize, run[0].1 as usize);
             match &table.outs[port] {
                 Some(Out::Guest { shared, sinks }) => {
-                    let frames = run.iter().map(|&(_, _, k)| {
-                        let f = &frames[k as usize];
-                        Pieces {
-                            hdr: f.hdr,
-                            prefix: f.prefix,
-                            rest: f.rest,
-                        }
-                    });
+                    let frames = run.iter().map(|&(_, _, k)| &frames[k as usize].pieces);
                     sinks[pair].deliver(shared, frames);
                 }
                 Some(Out::Uplink) => {

@@ -3,11 +3,11 @@
 //! its Ethernet addresses, whether it announces its source (RARP, gratuitous ARP), and a flow
 //! hash that keeps one flow's frames on one queue pair of their destination.
 
-use vnet::NetHdr;
-use vring::{Gather, GuestMemory, Tail};
+use vring::Gather;
 
 use super::forward::Frame;
 use super::mac::Mac;
+use crate::rx::Pieces;
 
 /// How many of a frame's first bytes the switch copies out of the sender's memory, once: the
 /// Ethernet header with up to two VLAN tags, an IPv6 header and a transport header's ports.
@@ -18,21 +18,23 @@ pub const PREFIX: usize = 64;
 /// One frame a port sends into the switch.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Inbound<'a> {
-    /// Its virtio-net header (checked by the sender's tx path, or the kernel's).
-    pub hdr: NetHdr,
+    /// Its virtio-net header (checked by the sender's tx path, or the kernel's); the frame's
+    /// first bytes (the copy's, after the header; or the uplink's frame whole); the rest of
+    /// it, in the sender's memory. What a guest's sink copies, from here (built in place:
+    /// a copy of one built on the stack waited for the stores that built it).
+    pub pieces: Pieces<'a>,
     /// The header as the uplink's TAP takes it (12 bytes), then the frame's first bytes: a
     /// copy, what the switch classifies and delivers. For the uplink's own frames, unused.
     pub tap_head: &'a [u8],
-    /// The frame's first bytes (the copy's, after the header; or the uplink's frame whole).
-    pub prefix: &'a [u8],
-    /// The rest of the frame, in the sender's memory.
-    pub rest: Option<(&'a GuestMemory, Tail<'a>)>,
 }
 
 /// The gather of frame `f` for the uplink's TAP: its header and first bytes from the copy,
 /// then the rest from the sender's memory.
 pub(super) fn tap_gather<'a>(f: &Inbound<'a>) -> Gather<'a> {
-    Gather::new(f.tap_head, f.rest.map(|(_, t)| t).unwrap_or_default())
+    Gather::new(
+        f.tap_head,
+        f.pieces.rest.map(|(_, t)| t).unwrap_or_default(),
+    )
 }
 
 const ETH_P_ARP: u16 = 0x0806;

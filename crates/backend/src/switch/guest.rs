@@ -19,6 +19,7 @@ use super::sink::Sink;
 use super::tap::UplinkQueue;
 use crate::host::{Port, Sent};
 use crate::queue::QueueRuntime;
+use crate::rx::Pieces;
 
 /// Frames a guest's tx turn hands the switch at once, at most.
 pub const BATCH: usize = 64;
@@ -72,10 +73,12 @@ impl GuestPort {
                 .split_first_chunk::<HDR_LEN>()
                 .unwrap_or((&[0; HDR_LEN], &[]));
             *f = Inbound {
-                hdr: NetHdr::from_bytes(hdr),
+                pieces: Pieces {
+                    hdr: NetHdr::from_bytes(hdr),
+                    prefix,
+                    rest: (!g.body.is_empty()).then_some((mem, g.body)),
+                },
                 tap_head: g.head,
-                prefix,
-                rest: (!g.body.is_empty()).then_some((mem, g.body)),
             };
         }
         let uplink = self.uplink.as_deref();

@@ -492,10 +492,12 @@ impl Control for SwitchControl {
         let mut tap_head = vec![0u8; vnet::HDR_LEN];
         tap_head.extend_from_slice(frame);
         let inbound = Inbound {
-            hdr: vnet::NetHdr::default(),
+            pieces: crate::rx::Pieces {
+                hdr: vnet::NetHdr::default(),
+                prefix: frame,
+                rest: None,
+            },
             tap_head: &tap_head,
-            prefix: frame,
-            rest: None,
         };
         let mut sent = Vec::new();
         self.core

@@ -114,9 +114,10 @@ impl Sink {
     }
 
     /// Delivers `frames` into the guest of device `shared`, then calls it as it asked.
-    pub fn deliver<'a, I>(&self, shared: &Shared, frames: I) -> Delivered
+    pub fn deliver<'a, 'b, I>(&self, shared: &Shared, frames: I) -> Delivered
     where
-        I: IntoIterator<Item = Pieces<'a>>,
+        'a: 'b,
+        I: IntoIterator<Item = &'b Pieces<'a>>,
         I::IntoIter: ExactSizeIterator,
     {
         // The chunk's array sized for the frames: a few of them would clear some 4 KiB.
@@ -129,10 +130,10 @@ impl Sink {
     }
 
     /// [`Sink::deliver`], in chunks of up to `N` frames.
-    fn deliver_in<'a, const N: usize>(
+    fn deliver_in<'a: 'b, 'b, const N: usize>(
         &self,
         shared: &Shared,
-        mut frames: impl Iterator<Item = Pieces<'a>>,
+        mut frames: impl Iterator<Item = &'b Pieces<'a>>,
     ) -> Delivered {
         let mut state = self.lock();
         let State {
@@ -177,7 +178,7 @@ impl Sink {
                         filling.drop_one();
                         continue;
                     }
-                    batch[n] = f;
+                    batch[n] = *f;
                     if !guest_csum {
                         // DATA_VALID (the uplink's kernel passes it on for a frame a NIC
                         // checked) is for a guest with GUEST_CSUM: one without gets flags
@@ -197,7 +198,7 @@ impl Sink {
                         break Some((e, n + 1));
                     }
                     n = 0;
-                    if let Err(e) = filling.resolve(scratch, f, csum) {
+                    if let Err(e) = filling.resolve(scratch, *f, csum) {
                         break Some((e, 1));
                     }
                 }

@@ -68,7 +68,7 @@ impl UplinkQueue {
         let c = &self.counters.out;
         for &k in which {
             let f = &frames[k];
-            let written = match f.rest {
+            let written = match f.pieces.rest {
                 Some((mem, _)) => self.tap.write_frame(mem, tap_gather(f))?,
                 None => self.tap.write(f.tap_head),
             };

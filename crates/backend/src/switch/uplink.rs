@@ -15,6 +15,7 @@ use super::flow::Inbound;
 use super::port::PortId;
 use super::tap::{UplinkCounters, UplinkQueue};
 use crate::host::{Port, Sent, MAX_RX_FRAME};
+use crate::rx::Pieces;
 use virtnet_sys::tap::TapQueue;
 
 /// Frames read from the TAP and forwarded at once, at most.
@@ -163,10 +164,12 @@ pub(crate) fn forward_read(
         let mut hdr = [0u8; vnet::HDR_LEN];
         hdr.copy_from_slice(&b[..vnet::HDR_LEN]);
         frames[len] = Inbound {
-            hdr: NetHdr::from_bytes(&hdr),
+            pieces: Pieces {
+                hdr: NetHdr::from_bytes(&hdr),
+                prefix: &b[vnet::HDR_LEN..],
+                rest: None,
+            },
             tap_head: &[],
-            prefix: &b[vnet::HDR_LEN..],
-            rest: None,
         };
         len += 1;
     }
@@ -179,7 +182,7 @@ pub(crate) fn forward_read(
     for (f, s) in frames.iter().zip(sent.iter()) {
         if *s == Sent::Taken {
             packets += 1;
-            bytes += f.prefix.len() as u64;
+            bytes += f.pieces.prefix.len() as u64;
         }
     }
     // Bytes of the frames forwarded only, as `packets` counts them.
