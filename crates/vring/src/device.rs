@@ -561,6 +561,33 @@ mod tests {
     }
 
     #[test]
+    fn a_run_of_read_chains_ends_where_the_used_batch_is_published() {
+        let mut p = pair(8, Features::IN_ORDER);
+        p.device.set_used_batch(2);
+        for t in 0..3u32 {
+            p.driver.add(&[buf(t as u64, 10)], &[], t).unwrap();
+        }
+        let heads: Vec<u16> = (0..3)
+            .map(|_| p.device.pop().unwrap().unwrap().head())
+            .collect();
+        p.device.add_used_read(heads[0]).unwrap();
+        p.device.add_used_read(heads[1]).unwrap();
+        // The batch of two went out with its run's one element.
+        assert_eq!(p.device.rings.used_idx_relaxed(), 2);
+        assert_eq!(p.device.rings.used_elem(0), (heads[1] as u32, 0));
+        assert_eq!(p.driver.get_used().unwrap(), Some((0, 0)));
+        assert_eq!(p.driver.get_used().unwrap(), Some((1, 0)));
+        assert_eq!(p.driver.get_used().unwrap(), None);
+        // The next run starts at the next slot.
+        p.device.add_used_read(heads[2]).unwrap();
+        assert_eq!(p.device.rings.used_idx_relaxed(), 2, "not yet");
+        p.device.flush();
+        assert_eq!(p.device.rings.used_idx_relaxed(), 3);
+        assert_eq!(p.device.rings.used_elem(2), (heads[2] as u32, 0));
+        assert_eq!(p.driver.get_used().unwrap(), Some((2, 0)));
+    }
+
+    #[test]
     fn chain_comes_out_as_it_went_in() {
         let mut p = pair(8, Features::EMPTY);
         p.driver
