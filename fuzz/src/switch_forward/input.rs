@@ -64,11 +64,26 @@ encode_struct!(PortSetup {
 });
 
 /// The features a port may negotiate (VERSION_1 always), by bit of [`PortSetup::features`].
-pub const FEATURES: [vring::Features; 14] = {
+pub const FEATURES: [vring::Features; 15] = {
     use vnet::feature::*;
     [
-        MRG_RXBUF, CSUM, GUEST_CSUM, HOST_TSO4, HOST_TSO6, HOST_ECN, HOST_USO, GUEST_TSO4,
-        GUEST_TSO6, GUEST_ECN, GUEST_USO4, GUEST_USO6, HOST_UFO, GUEST_UFO,
+        MRG_RXBUF,
+        CSUM,
+        GUEST_CSUM,
+        HOST_TSO4,
+        HOST_TSO6,
+        HOST_ECN,
+        HOST_USO,
+        GUEST_TSO4,
+        GUEST_TSO6,
+        GUEST_ECN,
+        GUEST_USO4,
+        GUEST_USO6,
+        HOST_UFO,
+        GUEST_UFO,
+        // The rings' own: a transmitted run gets one used element (`add_used_read`), which
+        // the guest's driver reclaims the whole run by.
+        vring::Features::IN_ORDER,
     ]
 };
 
