@@ -156,9 +156,9 @@ impl NetHdr {
     pub fn to_bytes(self) -> [u8; HDR_LEN] {
         // Inlined, so that a caller's field just set (`num_buffers`) stays in a register:
         // called, the fields were loaded back from memory, two of them in one load that
-        // waited for the separate stores it spans. In two stores, of 8 and 4 bytes: the copy of the array that usually follows loads
-        // them back as they were stored (a store per field made each of its loads wait for
-        // the stores it spans to complete).
+        // waited for the separate stores it spans. In two stores, of 8 and 4 bytes: the copy
+        // of the array that usually follows loads them back as they were stored (a store per
+        // field made each of its loads wait for the stores it spans to complete).
         let lo = self.flags as u64
             | (self.gso_type as u64) << 8
             | (self.hdr_len as u64) << 16

@@ -325,10 +325,16 @@ impl DeviceQueue {
     pub fn add_used(&mut self, head: u16, len: u32) -> Result<(), Error> {
         self.broken.check()?;
         self.write_used(head, len);
+        self.flush_if_full();
+        Ok(())
+    }
+
+    /// Publishes the used batch once it is full.
+    #[inline]
+    fn flush_if_full(&mut self) {
         if self.next_used.wrapping_sub(self.published_used) >= self.batch {
             self.flush();
         }
-        Ok(())
     }
 
     /// Completes chain `head`, which the device only read (used length 0, a transmitted
@@ -348,9 +354,7 @@ impl DeviceQueue {
         self.read_run = Some((start, head));
         self.next_used = self.next_used.wrapping_add(1);
         self.stats.used += 1;
-        if self.next_used.wrapping_sub(self.published_used) >= self.batch {
-            self.flush();
-        }
+        self.flush_if_full();
         Ok(())
     }
 
