@@ -159,6 +159,7 @@ pub enum Delivery {
 /// GUEST_TSO4/TSO6/USO4/USO6/UFO, GUEST_ECN for the ECN bit, and NEEDS_CSUM set, which
 /// 5.1.6.4 requires of a GSO frame on receive), else resolved. A frame passed as sent is
 /// checked by the receiver's driver, as a NIC's would be; one resolved is checked here.
+#[inline]
 pub fn delivery(hdr: &NetHdr, frame: &[u8], rx: Features) -> Delivery {
     let guest_csum = rx.contains(feature::GUEST_CSUM);
     let resolve = Delivery::Resolve(if guest_csum {

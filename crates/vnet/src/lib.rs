@@ -94,6 +94,7 @@ pub struct NetHdr {
 impl NetHdr {
     /// Checks a header the driver sent with a frame of `frame_len` bytes (after the header),
     /// against the negotiated `features`.
+    #[inline]
     pub fn check_tx(&self, features: Features, frame_len: usize) -> Result<(), TxHdrError> {
         if frame_len > MAX_TX_FRAME {
             return Err(TxHdrError::TooLong { len: frame_len });

@@ -43,17 +43,21 @@ impl Chain {
     }
 
     /// The head index, to hand back with `DeviceQueue::add_used`.
+    #[inline]
     pub fn head(&self) -> u16 {
         self.head
     }
     /// The device-readable (driver to device) segments.
+    #[inline]
     pub fn readable(&self) -> &[Segment] {
         &self.segments[..self.readable]
     }
     /// The device-writable (device to driver) segments.
+    #[inline]
     pub fn writable(&self) -> &[Segment] {
         &self.segments[self.readable..]
     }
+    #[inline]
     pub fn segments(&self) -> &[Segment] {
         &self.segments
     }
@@ -71,9 +75,11 @@ impl Chain {
         self.segments.clear();
         self.segments.shrink_to(segments);
     }
+    #[inline]
     pub fn readable_len(&self) -> u64 {
         self.readable_len
     }
+    #[inline]
     pub fn writable_len(&self) -> u64 {
         self.writable_len
     }

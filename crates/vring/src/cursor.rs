@@ -25,6 +25,7 @@ pub struct Tail<'a> {
 
 impl<'a> Tail<'a> {
     /// All the bytes of `segs`.
+    #[inline]
     pub fn new(segs: &'a [Segment]) -> Tail<'a> {
         Tail { segs, skip: 0 }
     }
@@ -37,11 +38,13 @@ impl<'a> Tail<'a> {
     }
 
     /// How many bytes are left.
+    #[inline]
     pub fn len(&self) -> u64 {
         let all: u64 = self.segs.iter().map(|s| s.len as u64).sum();
         all - self.skip as u64
     }
 
+    #[inline]
     pub fn is_empty(&self) -> bool {
         self.segs.iter().all(|s| s.len == 0)
     }
@@ -122,6 +125,7 @@ pub struct Reader<'m, 'a> {
 
 impl<'m, 'a> Reader<'m, 'a> {
     /// A reader at the first byte of `segs` (a chain's readable segments, say) in `mem`.
+    #[inline]
     pub fn new(mem: &'m GuestMemory, segs: &'a [Segment]) -> Reader<'m, 'a> {
         Reader {
             mem,
@@ -130,16 +134,19 @@ impl<'m, 'a> Reader<'m, 'a> {
     }
 
     /// A reader at the first byte of `tail` in `mem`.
+    #[inline]
     pub fn from_tail(mem: &'m GuestMemory, tail: Tail<'a>) -> Reader<'m, 'a> {
         Reader { mem, tail }
     }
 
     /// Bytes not read yet.
+    #[inline]
     pub fn remaining(&self) -> u64 {
         self.tail.len()
     }
 
     /// What is not read yet, for a vectored write after what was read.
+    #[inline]
     pub fn tail(&self) -> Tail<'a> {
         self.tail
     }
@@ -153,6 +160,7 @@ impl<'m, 'a> Reader<'m, 'a> {
     /// Copies the next `buf.len()` bytes into `buf`. When fewer are left, fails with
     /// [`Error::ShortChain`] and reads nothing; a segment outside memory (the memory changed
     /// since the chain was popped) fails with the memory's error.
+    #[inline]
     pub fn read_exact(&mut self, buf: &mut [u8]) -> Result<(), Error> {
         if let Some(addr) = self.tail.front(buf.len()) {
             self.mem.read(addr, buf)?;
@@ -189,6 +197,7 @@ pub struct Writer<'m, 'a> {
 
 impl<'m, 'a> Writer<'m, 'a> {
     /// A writer at the first byte of `segs` in `mem`.
+    #[inline]
     pub fn new(mem: &'m GuestMemory, segs: &'a [Segment]) -> Writer<'m, 'a> {
         Writer {
             mem,
@@ -207,16 +216,19 @@ impl<'m, 'a> Writer<'m, 'a> {
     }
 
     /// Room left.
+    #[inline]
     pub fn remaining(&self) -> u64 {
         self.tail.len()
     }
 
     /// Bytes written through this writer.
+    #[inline]
     pub fn written(&self) -> u64 {
         self.written
     }
 
     /// Copies as much of `buf` as there is room for; returns how much that was.
+    #[inline]
     pub fn write(&mut self, buf: &[u8]) -> Result<usize, Error> {
         if let Some(addr) = self.tail.front(buf.len()) {
             self.mem.write(addr, buf)?;
@@ -301,6 +313,7 @@ pub struct Gather<'a> {
 
 impl<'a> Gather<'a> {
     /// `head`, then `body`.
+    #[inline]
     pub fn new(head: &'a [u8], body: Tail<'a>) -> Gather<'a> {
         Gather { head, body }
     }
