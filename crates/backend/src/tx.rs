@@ -5,10 +5,11 @@
 //! host builds packets from the virtio-net header (a TAP's kernel) gets each header copied out
 //! of guest memory once and checked ([`check_header`]), then that copy and the frame after it,
 //! never the guest's header read again (a port that classifies frames, the switch's, gets
-//! their first bytes in the same copy: [`Port::tx_prefix`]); a header a driver must not send is refused before the
-//! port, counted by reason. A frame the port pushes back stays on the ring, with the frames
-//! after it, and tx waits until the port is writable.
+//! their first bytes in the same copy: [`Port::tx_prefix`]); a header a driver must not send
+//! is refused before the port, counted by reason. A frame the port pushes back stays on the
+//! ring, with the frames after it, and tx waits until the port is writable.
 
+use arrayvec::ArrayVec;
 use vnet::{NetHdr, TxHdrError};
 use vring::{Chain, Error as RingError, Features, Gather, GuestMemory, Reader, Tail};
 
@@ -76,6 +77,22 @@ pub fn check_header<'c>(
     prefix: usize,
     head: &mut TxHead,
 ) -> Result<Checked<'c>, RingError> {
+    let mut body = Tail::default();
+    Ok(check_into(mem, chain, features, prefix, head, &mut body)?.map(|()| body))
+}
+
+/// [`check_header`], the tail written into `body`: the tx path's, inline, with its arrays.
+/// (A tail returned in the nested `Result` went through the stack in odd-sized pieces, and
+/// was reloaded before the stores that wrote it completed.)
+#[inline]
+fn check_into<'c>(
+    mem: &GuestMemory,
+    chain: &'c Chain,
+    features: Features,
+    prefix: usize,
+    head: &mut TxHead,
+    body: &mut Tail<'c>,
+) -> Result<Result<(), TxHdrError>, RingError> {
     let hdr_len = vnet::hdr_len(features);
     let total = chain.readable_len() as usize;
     if total < hdr_len {
@@ -103,7 +120,8 @@ pub fn check_header<'c>(
         head.bytes[NUM_BUFFERS..vnet::HDR_LEN].fill(0);
         head.len = (vnet::HDR_LEN + take) as u8;
     }
-    Ok(Ok(r.tail()))
+    *body = r.tail();
+    Ok(Ok(()))
 }
 
 /// Why the frames of a batch were sent only up to one: its header refused (it goes after
@@ -121,17 +139,15 @@ struct Send<'p, 'm> {
 }
 
 impl Send<'_, '_> {
-    /// Sends the frames of `chains` (at most `N`) up to the first whose header is refused or
-    /// unreadable; returns how many were offered, why it stopped there, and the port's result
-    /// (the outcomes in `sent`).
-    fn run<const N: usize>(
-        self,
-        chains: &[Chain],
-        sent: &mut Vec<Sent>,
-    ) -> (usize, Stop, Result<(), RingError>) {
-        let mut heads = [TxHead::default(); N];
-        let mut bodies = [Tail::default(); N];
-        let chains = &chains[..chains.len().min(N)];
+    /// Sends the frames of `chains` (at most [`MAX_BATCH`]) up to the first whose header is
+    /// refused or unreadable; returns how many were offered, why it stopped there, and the
+    /// port's result (the outcomes in `sent`).
+    fn run(self, chains: &[Chain], sent: &mut Vec<Sent>) -> (usize, Stop, Result<(), RingError>) {
+        // Filled for the frames there are (arrays of MAX_BATCH, zeroed whole, cost more than
+        // the checks of a short batch).
+        let mut heads = ArrayVec::<TxHead, MAX_BATCH>::new();
+        let mut bodies = ArrayVec::<Tail<'_>, MAX_BATCH>::new();
+        let chains = &chains[..chains.len().min(MAX_BATCH)];
         let mut cut = chains.len();
         let mut stop = None;
         if self.checks {
@@ -141,15 +157,17 @@ impl Send<'_, '_> {
                 .for_each(|c| self.prefetch(c));
         }
         for (k, c) in chains.iter().enumerate() {
+            heads.push(TxHead::default());
+            bodies.push(Tail::new(c.readable()));
             if !self.checks {
-                bodies[k] = Tail::new(c.readable());
                 continue;
             }
             if let Some(c) = chains.get(k + PREFETCH_AHEAD) {
                 self.prefetch(c);
             }
-            match check_header(self.mem, c, self.features, self.prefix, &mut heads[k]) {
-                Ok(Ok(body)) => bodies[k] = body,
+            let (head, body) = (&mut heads[k], &mut bodies[k]);
+            match check_into(self.mem, c, self.features, self.prefix, head, body) {
+                Ok(Ok(())) => {}
                 Ok(Err(why)) => {
                     (cut, stop) = (k, Some(Ok(why)));
                     break;
@@ -160,15 +178,13 @@ impl Send<'_, '_> {
                 }
             }
         }
-        // Filled for the frames offered only, in place: an array built element by element
-        // through a closure read each one back from the stack (a store-forwarding stall per
-        // element, for all N of them).
-        let mut frames = [Gather::default(); N];
-        for ((g, head), body) in frames[..cut].iter_mut().zip(&heads).zip(&bodies) {
-            *g = Gather::new(head.as_bytes(), *body);
+        // The frames offered only.
+        let mut frames = ArrayVec::<Gather<'_>, MAX_BATCH>::new();
+        for (head, body) in heads.iter().zip(&bodies).take(cut) {
+            frames.push(Gather::new(head.as_bytes(), *body));
         }
         let result = if cut > 0 {
-            self.port.send(self.mem, &frames[..cut], sent)
+            self.port.send(self.mem, &frames, sent)
         } else {
             Ok(())
         };
@@ -178,6 +194,7 @@ impl Send<'_, '_> {
     /// Asks for the lines [`check_header`] will read of `chain` (its header and the prefix,
     /// in its first segment), which the guest's CPU last wrote: their transfers overlap the
     /// checks of the frames before it instead of each waiting in turn.
+    #[inline]
     fn prefetch(&self, chain: &Chain) {
         if let Some(s) = chain.readable().first() {
             let want = vnet::HDR_LEN + self.prefix;
@@ -292,14 +309,7 @@ impl TxPath {
                     checks,
                     prefix,
                 };
-                // The frames' arrays sized for the batch: a port that takes one frame at a
-                // time would otherwise build 64 of each per frame, and a batch of a few
-                // frames clear some 10 KiB.
-                match popped {
-                    1 => send.run::<1>(chains, &mut self.sent),
-                    2..=8 => send.run::<8>(chains, &mut self.sent),
-                    _ => send.run::<MAX_BATCH>(chains, &mut self.sent),
-                }
+                send.run(chains, &mut self.sent)
             };
             if cut > 0 && batch > 1 {
                 tx.counters().host_batches.add(1);

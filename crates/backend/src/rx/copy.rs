@@ -90,6 +90,7 @@ enum Popped {
 
 /// Pops chains of `rx` into `chains` from index `at` on until their writable bytes hold
 /// `need` (merged when MRG_RXBUF is negotiated, else one chain must).
+#[inline]
 fn pop_for(
     rx: &mut QueueRuntime,
     chains: &mut Vec<Chain>,

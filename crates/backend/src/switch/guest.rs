@@ -9,6 +9,7 @@ use std::os::fd::RawFd;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use arrayvec::ArrayVec;
 use vnet::{NetHdr, HDR_LEN};
 use vring::{Error as RingError, Gather, GuestMemory};
 
@@ -54,38 +55,6 @@ impl GuestPort {
             scratch: Scratch::default(),
         }
     }
-
-    /// Forwards `frames` (at most `N`): each frame's header and first bytes, read in one piece
-    /// and checked by the tx path (`tx_prefix`), are laid out as the uplink's TAP takes them.
-    fn forward<const N: usize>(
-        &mut self,
-        mem: &GuestMemory,
-        frames: &[Gather<'_>],
-        sent: &mut Vec<Sent>,
-    ) -> Result<(), RingError> {
-        let frames = &frames[..frames.len().min(N)];
-        let mut inbound = [Inbound::default(); N];
-        for (f, g) in inbound.iter_mut().zip(frames) {
-            // At least HDR_LEN bytes (the tx path's copy, for a port with a prefix), parsed in
-            // place.
-            let (hdr, prefix) = g
-                .head
-                .split_first_chunk::<HDR_LEN>()
-                .unwrap_or((&[0; HDR_LEN], &[]));
-            *f = Inbound {
-                pieces: Pieces {
-                    hdr: NetHdr::from_bytes(hdr),
-                    prefix,
-                    rest: (!g.body.is_empty()).then_some((mem, g.body)),
-                },
-                tap_head: g.head,
-            };
-        }
-        let uplink = self.uplink.as_deref();
-        let inbound = &inbound[..frames.len()];
-        self.core
-            .forward(self.id, inbound, uplink, &mut self.scratch, sent)
-    }
 }
 
 impl Port for GuestPort {
@@ -102,19 +71,38 @@ impl Port for GuestPort {
         PREFIX
     }
 
+    /// Forwards `frames` (at most [`BATCH`]): each frame's header and first bytes, read in
+    /// one piece and checked by the tx path (`tx_prefix`), are laid out as the uplink's TAP
+    /// takes them.
     fn send(
         &mut self,
         mem: &GuestMemory,
         frames: &[Gather<'_>],
         sent: &mut Vec<Sent>,
     ) -> Result<(), RingError> {
-        // The frames' array sized for the batch (see `tx::TxPath::turn`).
-        if frames.len() <= 8 {
-            self.forward::<8>(mem, frames, sent)
-        } else {
-            self.forward::<BATCH>(mem, frames, sent)
+        let frames = &frames[..frames.len().min(BATCH)];
+        let mut inbound = ArrayVec::<Inbound<'_>, BATCH>::new();
+        for g in frames {
+            // At least HDR_LEN bytes (the tx path's copy, for a port with a prefix), parsed in
+            // place.
+            let (hdr, prefix) = g
+                .head
+                .split_first_chunk::<HDR_LEN>()
+                .unwrap_or((&[0; HDR_LEN], &[]));
+            inbound.push(Inbound {
+                pieces: Pieces {
+                    hdr: NetHdr::from_bytes(hdr),
+                    prefix,
+                    rest: (!g.body.is_empty()).then_some((mem, g.body)),
+                },
+                tap_head: g.head,
+            });
         }
+        let uplink = self.uplink.as_deref();
+        self.core
+            .forward(self.id, &inbound, uplink, &mut self.scratch, sent)
     }
+
     fn adopts_rx(&self) -> bool {
         true
     }

@@ -16,6 +16,7 @@ use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
+use arrayvec::ArrayVec;
 use vmm_sys_util::eventfd::EventFd;
 use vnet::gso::{self, Delivery as Offloads};
 use vnet::{NetHdr, HDR_GSO_NONE};
@@ -114,27 +115,12 @@ impl Sink {
     }
 
     /// Delivers `frames` into the guest of device `shared`, then calls it as it asked.
-    pub fn deliver<'a, 'b, I>(&self, shared: &Shared, frames: I) -> Delivered
-    where
-        'a: 'b,
-        I: IntoIterator<Item = &'b Pieces<'a>>,
-        I::IntoIter: ExactSizeIterator,
-    {
-        // The chunk's array sized for the frames: a few of them would clear some 4 KiB.
-        let frames = frames.into_iter();
-        if frames.len() <= 8 {
-            self.deliver_in::<8>(shared, frames)
-        } else {
-            self.deliver_in::<CHUNK>(shared, frames)
-        }
-    }
-
-    /// [`Sink::deliver`], in chunks of up to `N` frames.
-    fn deliver_in<'a: 'b, 'b, const N: usize>(
+    pub fn deliver<'a: 'b, 'b>(
         &self,
         shared: &Shared,
-        mut frames: impl Iterator<Item = &'b Pieces<'a>>,
+        frames: impl IntoIterator<Item = &'b Pieces<'a>>,
     ) -> Delivered {
+        let mut frames = frames.into_iter();
         let mut state = self.lock();
         let State {
             path,
@@ -165,12 +151,11 @@ impl Sink {
             bytes: 0,
         };
         let guest_csum = filling.features.contains(vnet::feature::GUEST_CSUM);
-        let mut batch = [Pieces::default(); N];
-        let mut n = 0;
+        let mut batch = ArrayVec::<Pieces<'_>, CHUNK>::new();
         // On a ring error, the frames it cost: those of the batch and the one being resolved.
         let failed = loop {
             let Some(f) = frames.next() else {
-                break filling.flush(&batch[..n]).err().map(|e| (e, n));
+                break filling.flush(&batch).err().map(|e| (e, batch.len()));
             };
             match gso::delivery(&f.hdr, f.prefix, filling.features) {
                 Offloads::AsSent => {
@@ -178,26 +163,26 @@ impl Sink {
                         filling.drop_one();
                         continue;
                     }
-                    batch[n] = *f;
+                    let mut f = *f;
                     if !guest_csum {
                         // DATA_VALID (the uplink's kernel passes it on for a frame a NIC
                         // checked) is for a guest with GUEST_CSUM: one without gets flags
                         // zero (VIRTIO 1.2 5.1.6.4.1).
-                        batch[n].hdr.flags = 0;
+                        f.hdr.flags = 0;
                     }
-                    n += 1;
-                    if n == N {
+                    batch.push(f);
+                    if batch.is_full() {
                         if let Err(e) = filling.flush(&batch) {
-                            break Some((e, n));
+                            break Some((e, batch.len()));
                         }
-                        n = 0;
+                        batch.clear();
                     }
                 }
                 Offloads::Resolve(csum) => {
-                    if let Err(e) = filling.flush(&batch[..n]) {
-                        break Some((e, n + 1));
+                    if let Err(e) = filling.flush(&batch) {
+                        break Some((e, batch.len() + 1));
                     }
-                    n = 0;
+                    batch.clear();
                     if let Err(e) = filling.resolve(scratch, *f, csum) {
                         break Some((e, 1));
                     }
