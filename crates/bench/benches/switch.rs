@@ -1,7 +1,8 @@
 //! Criterion bench of the switch's forwarding step in one thread: guest A's tx path takes a
 //! batch of 64-byte frames, `GuestPort::send` and `SwitchCore::forward` put them into guest
-//! B's rx buffers (known unicast, mergeable buffers), timed on the device's part only (the
-//! two guests' drivers post and reap outside the timer). One iteration is one frame.
+//! B's rx buffers (known unicast, mergeable buffers; with and without IN_ORDER), timed on the
+//! device's part only (the two guests' drivers post and reap outside the timer). One
+//! iteration is one frame.
 //!
 //! Everything is in this CPU's cache: what it measures is the switch's instructions per frame,
 //! not the cross-CPU line transfers that `scripts/switch-compare.sh` also pays. It is the
@@ -48,15 +49,15 @@ struct Guest {
     rx_driver: DriverQueue<u32>,
     tx: TxPath,
     port: GuestPort,
+    mac: [u8; 6],
 }
 
 fn mac(n: u8) -> [u8; 6] {
     [0x52, 0x54, 0, 0, 0x5e, n]
 }
 
-fn guest(core: &Arc<SwitchCore>, n: u8) -> Guest {
+fn guest(core: &Arc<SwitchCore>, n: u8, features: Features) -> Guest {
     let id = PortId::new(n as usize).expect("a port number");
-    let features = Features::VERSION_1 | feature::MRG_RXBUF;
     let config = BackendConfig {
         mac: mac(n),
         ..BackendConfig::default()
@@ -97,6 +98,7 @@ fn guest(core: &Arc<SwitchCore>, n: u8) -> Guest {
         rx_driver,
         tx,
         port,
+        mac: mac(n),
     }
 }
 
@@ -104,8 +106,8 @@ fn guest(core: &Arc<SwitchCore>, n: u8) -> Guest {
 /// of the tx turns alone.
 fn run(a: &mut Guest, b: &mut Guest, len: usize, batch: u64, frames: u64) -> Duration {
     let mut frame = vec![0u8; vnet::HDR_LEN + len];
-    frame[vnet::HDR_LEN..][..6].copy_from_slice(&mac(2));
-    frame[vnet::HDR_LEN..][6..12].copy_from_slice(&mac(1));
+    frame[vnet::HDR_LEN..][..6].copy_from_slice(&b.mac);
+    frame[vnet::HDR_LEN..][6..12].copy_from_slice(&a.mac);
     frame[vnet::HDR_LEN..][12..14].copy_from_slice(&0x0800u16.to_be_bytes());
     for k in 0..SIZE as u64 {
         a.mem
@@ -151,14 +153,23 @@ fn forward_benches(c: &mut Criterion) {
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(3));
     let core = Arc::new(SwitchCore::new(FdbConfig::default()).expect("a switch"));
-    let mut a = guest(&core, 1);
-    let mut b = guest(&core, 2);
+    let plain = Features::VERSION_1 | feature::MRG_RXBUF;
+    let mut a = guest(&core, 1, plain);
+    let mut b = guest(&core, 2, plain);
     for (len, batch) in [(64, 32), (64, 8), (64, 1), (1500, 32)] {
         let id = BenchmarkId::new(format!("{len}B"), format!("batch{batch}"));
         g.bench_function(id, |bench| {
             bench.iter_custom(|frames| run(&mut a, &mut b, len, batch, frames))
         });
     }
+    // As DPDK's virtio-user and our driver negotiate: one used element per transmitted run.
+    let in_order = plain | Features::IN_ORDER;
+    let mut a = guest(&core, 3, in_order);
+    let mut b = guest(&core, 4, in_order);
+    let id = BenchmarkId::new("64B-in_order", "batch32");
+    g.bench_function(id, |bench| {
+        bench.iter_custom(|frames| run(&mut a, &mut b, 64, 32, frames))
+    });
     g.finish();
 }
 
