@@ -758,6 +758,59 @@ mod tests {
         assert_breaks(&mut p, Error::HeadOutOfRange { head: 8, size: 8 });
     }
 
+    /// What a `pop_into` returned, with the head and segments of the chain it popped.
+    type Popped = Result<Option<(u16, Vec<Segment>)>, Error>;
+
+    /// What each `pop_into` returns as a hostile driver fills the avail ring across its wrap
+    /// with heads past the table, popping after `prefetch_avail` with `n` from 0 to past the
+    /// ring each time, or never prefetching.
+    fn pops_over_hostile_heads(prefetch: bool) -> Vec<Popped> {
+        let mut p = pair(8, Features::EMPTY);
+        p.write_desc(0, DATA, 64, 0, 0);
+        p.write_desc(1, DATA + 4096, 128, WRITE, 0);
+        let mut chain = Chain::new();
+        let mut pop = |p: &mut Pair| {
+            if prefetch {
+                let (at, stats) = (p.device.position(), p.device.stats());
+                for n in [0, 1, 3, 8, 9, 100, u16::MAX] {
+                    p.device.prefetch_avail(n);
+                }
+                assert_eq!(p.device.position(), at, "prefetch moved the queue");
+                assert_eq!(p.device.stats(), stats, "prefetch counted something");
+            }
+            let r = p.device.pop_into(&mut chain);
+            r.map(|got| got.then(|| (chain.head(), chain.segments().to_vec())))
+        };
+        // Six good chains, then one pop more than there are.
+        p.publish(0, &[0, 1, 0, 1, 0, 1]);
+        let mut got: Vec<_> = (0..7).map(|_| pop(&mut p)).collect();
+        // A full ring from slot 6, wrapping: two good chains, then heads past the table.
+        p.publish(6, &[0, 1, 8, u16::MAX, 0x8000, 9, 1, 0]);
+        got.extend((0..4).map(|_| pop(&mut p)));
+        got
+    }
+
+    #[test]
+    fn prefetching_hostile_avail_entries_neither_panics_nor_changes_what_pops() {
+        let got = pops_over_hostile_heads(true);
+        assert_eq!(got, pops_over_hostile_heads(false));
+        let chain = |head: u16| {
+            let seg = |addr, len| Segment {
+                addr: GuestAddress(addr),
+                len,
+            };
+            let segs = [seg(DATA, 64), seg(DATA + 4096, 128)];
+            Ok(Some((head, vec![segs[head as usize]])))
+        };
+        let bad = Error::HeadOutOfRange { head: 8, size: 8 };
+        let mut want: Vec<_> = (0..6).map(|k| chain(k % 2)).collect();
+        want.extend([Ok(None), chain(0), chain(1), Err(bad.clone())]);
+        want.push(Err(Error::Broken {
+            reason: Box::new(bad),
+        }));
+        assert_eq!(got, want);
+    }
+
     #[test]
     fn next_out_of_range_breaks_the_queue() {
         let mut p = pair(8, Features::EMPTY);

@@ -1,6 +1,7 @@
 //! The `device_queue` seeds: a `DeviceQueue` facing an honest driver (round trips, indirect
-//! chains, event-idx batching, index wrap, overlapping rings), then each hostile case of the
-//! vring unit tests, which must break the queue with its named error.
+//! chains, event-idx batching, index wrap, overlapping rings, read chains with and without
+//! IN_ORDER), then each hostile case of the vring unit tests, which must break the queue with
+//! its named error.
 
 use vring::Error;
 
@@ -37,6 +38,7 @@ pub(super) fn device(size: u16) -> DeviceInput {
             event_idx: false,
             indirect: false,
             notify_on_empty: false,
+            in_order: false,
             placement: Placement::Separate,
             next_avail: 0,
         },
@@ -66,6 +68,7 @@ fn after_break() -> Vec<D> {
             head: UsedHead::Raw(0),
             len: 0,
         },
+        D::AddUsedRead(UsedHead::Raw(0)),
         D::EnableNotification,
         D::AvailPending,
         D::NeedsNotification,
@@ -235,6 +238,48 @@ fn device_seeds() -> Vec<DeviceSeed> {
     })];
     i.ops.extend(serve(1, 128));
     add("unaligned_indirect_table", i, None);
+
+    // IN_ORDER: three frames sent, an rx-like chain written, two more sent (the unit test
+    // `read_chains_get_one_used_element_per_run_with_in_order`): runs of one element each,
+    // ended by the written chain's element and by the flush. Then runs ended by a batch of
+    // two, by `needs_notification` and by `enable_notification`, the ring's index wrapping,
+    // and one left open when the input ends.
+    let sent = |i: &mut DeviceInput, n: usize| {
+        i.ops
+            .extend((0..n).flat_map(|_| [D::Pop, D::AddUsedRead(UsedHead::Popped(0))]))
+    };
+    let mut i = device(8);
+    i.setup.in_order = true;
+    i.descs = (0..8).map(|k| data(k, 60, 0, 0)).collect();
+    i.descs[3] = data(3, 1500, WRITE, 0);
+    i.avail = avail(&[0, 1, 2, 3, 4, 5]);
+    sent(&mut i, 3);
+    i.ops.extend(serve(1, 7));
+    sent(&mut i, 2);
+    i.ops.extend([
+        D::Flush,
+        D::Publish(vec![6, 7, 0, 1, 2]),
+        D::SetUsedBatch(2),
+    ]);
+    sent(&mut i, 3);
+    i.ops.push(D::NeedsNotification);
+    sent(&mut i, 1);
+    i.ops
+        .extend([D::DisableNotification, D::EnableNotification]);
+    i.ops
+        .extend([D::Publish(vec![4, 5, 6]), D::SetUsedBatch(8)]);
+    sent(&mut i, 3);
+    add("in_order_read_runs", i, None);
+
+    // The same calls without IN_ORDER: an element per read chain, of length 0.
+    let mut i = device(4);
+    i.descs = (0..4).map(|k| data(k, 60, 0, 0)).collect();
+    i.avail = avail(&[0, 1, 2, 3]);
+    sent(&mut i, 2);
+    i.ops.extend(serve(1, 0));
+    sent(&mut i, 1);
+    i.ops.push(D::Flush);
+    add("read_chains_without_in_order", i, None);
 
     // ---- Each hostile case of the vring unit tests, then every call once more.
     let hostile = |size: u16, indirect: bool, descs: Vec<RawDesc>, table: Vec<RawDesc>| {

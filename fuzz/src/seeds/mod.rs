@@ -88,6 +88,8 @@ fn every_variant_round_trips() {
             head: UsedHead::Raw(65535),
             len: u32::MAX,
         },
+        D::AddUsedRead(UsedHead::Popped(4)),
+        D::AddUsedRead(UsedHead::Raw(65535)),
         D::Flush,
         D::NeedsNotification,
         D::EnableNotification,

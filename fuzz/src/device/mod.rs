@@ -12,174 +12,34 @@
 //!   `GuestMemory::contains` and the harness's own layout), and every refused chain is refused
 //!   by that walk too, for the same reason;
 //! - used elements land where they should, and `used.idx` is published once per batch, as a
-//!   small model of the batching predicts; the stats agree with the calls that succeeded.
+//!   small model of the batching predicts; the stats agree with the calls that succeeded;
+//! - with IN_ORDER, chains completed by `add_used_read` get one used element per run of
+//!   them: the run's last head, length 0, at the run's first slot, written when the run ends
+//!   (at the next element written or where the batch is published) and not before, the other
+//!   slots of the run left as they were; `used.idx` still counts every chain. So a guest that
+//!   reads the element and reclaims chains in avail order up to it gets the whole run back.
+//!   Without IN_ORDER, `add_used_read` is `add_used` with length 0;
+//! - the device writes nothing but what the model says: a shadow of region 0 follows the
+//!   driver's writes and the model's used elements, `used.idx` and `used.flags` (and
+//!   `avail_event`, whose value is the device's own); the used ring must equal it after every
+//!   step, and all of memory at the end of the run (region 1, which nobody writes, stays zero).
+//!
+//! The input types are in `input.rs`; the shadow of guest memory, and its comparisons with
+//! real memory, in `shadow.rs`. This file is the harness: the run, the model of the used ring
+//! and the checks after each step.
+
+mod input;
+mod shadow;
+
+pub use input::{DeviceInput, DeviceOp, DeviceSetup, UsedHead};
 
 use std::sync::Arc;
 
-use arbitrary::Arbitrary;
-use vring::{
-    Chain, DeviceQueue, Error, ErrorKind, Features, GuestMemory, QueueConfig, RingAddresses,
-};
+use vring::{Chain, DeviceQueue, Error, ErrorKind, GuestMemory, QueueConfig, RingAddresses};
 
-use crate::encode::{variant, Encode};
-use crate::encode_struct;
-use crate::mem::{self, peek16, peek32, poke, poke16, Placement, DEV_INDIRECT, DEV_INDIRECT_LEN};
-use crate::rings::{AvailRing, RawDesc, Scribble, UsedRing};
+use crate::mem::{self, peek16, peek32, poke16, DEV_INDIRECT, DEV_INDIRECT_LEN, REGION0};
 use crate::walk::{self, Rules};
-
-/// The queue as the driver configured it.
-#[derive(Arbitrary, Clone, Copy, Debug, PartialEq, Eq)]
-pub struct DeviceSetup {
-    /// Queue size `1 << (size_log2 % 9)`.
-    pub size_log2: u8,
-    pub event_idx: bool,
-    pub indirect: bool,
-    pub notify_on_empty: bool,
-    pub placement: Placement,
-    /// Where the device starts popping (vhost-user's SET_VRING_BASE).
-    pub next_avail: u16,
-}
-encode_struct!(DeviceSetup {
-    size_log2,
-    event_idx,
-    indirect,
-    notify_on_empty,
-    placement,
-    next_avail
-});
-
-impl DeviceSetup {
-    pub fn features(&self) -> Features {
-        let mut f = Features::EMPTY;
-        for (on, bit) in [
-            (self.event_idx, Features::RING_EVENT_IDX),
-            (self.indirect, Features::RING_INDIRECT_DESC),
-            (self.notify_on_empty, Features::NOTIFY_ON_EMPTY),
-        ] {
-            if on {
-                f = f.union(bit);
-            }
-        }
-        f
-    }
-}
-
-/// Which head `add_used` hands back.
-#[derive(Arbitrary, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum UsedHead {
-    /// The `n % len`th chain popped and not yet used (head 0 if there is none).
-    Popped(u8),
-    /// Any number: the device's own business, never checked by the queue.
-    Raw(u16),
-}
-
-impl Encode for UsedHead {
-    fn encode(&self, out: &mut Vec<u8>) {
-        match self {
-            UsedHead::Popped(n) => (variant(0, 2, out), n.encode(out)),
-            UsedHead::Raw(h) => (variant(1, 2, out), h.encode(out)),
-        };
-    }
-}
-
-/// One step: a `DeviceQueue` call, or the hostile driver writing memory.
-#[derive(Arbitrary, Clone, Debug, PartialEq, Eq)]
-pub enum DeviceOp {
-    Pop,
-    /// `pop_into` a `Chain` reused across the whole run.
-    PopInto,
-    AddUsed {
-        head: UsedHead,
-        len: u32,
-    },
-    Flush,
-    NeedsNotification,
-    EnableNotification,
-    DisableNotification,
-    AvailPending,
-    SetUsedBatch(u16),
-    /// `undo_pop(n % (k + 1))`, `k` being the chains popped since the last `add_used` or
-    /// undo: the call's contract is to hand back chains popped and not used.
-    UndoPop(u16),
-
-    // ---- The hostile driver.
-    /// Raw bytes anywhere in region 0: rings, tables, indices, data.
-    Scribble(Scribble),
-    /// Descriptor `index % size` of the table.
-    WriteDesc {
-        index: u16,
-        desc: RawDesc,
-    },
-    /// Entry `slot` of the indirect area.
-    WriteIndirect {
-        slot: u8,
-        desc: RawDesc,
-    },
-    /// Puts `heads` on the avail ring from the current `avail.idx` and moves it past them, as a
-    /// driver does.
-    Publish(Vec<u16>),
-    SetAvailIdx(u16),
-    SetAvailFlags(u16),
-    SetUsedEvent(u16),
-}
-
-impl Encode for DeviceOp {
-    fn encode(&self, out: &mut Vec<u8>) {
-        const N: u32 = 17;
-        match self {
-            DeviceOp::Pop => variant(0, N, out),
-            DeviceOp::PopInto => variant(1, N, out),
-            DeviceOp::AddUsed { head, len } => {
-                variant(2, N, out);
-                head.encode(out);
-                len.encode(out);
-            }
-            DeviceOp::Flush => variant(3, N, out),
-            DeviceOp::NeedsNotification => variant(4, N, out),
-            DeviceOp::EnableNotification => variant(5, N, out),
-            DeviceOp::DisableNotification => variant(6, N, out),
-            DeviceOp::AvailPending => variant(7, N, out),
-            DeviceOp::SetUsedBatch(b) => (variant(8, N, out), b.encode(out)).1,
-            DeviceOp::UndoPop(n) => (variant(9, N, out), n.encode(out)).1,
-            DeviceOp::Scribble(s) => (variant(10, N, out), s.encode(out)).1,
-            DeviceOp::WriteDesc { index, desc } => {
-                variant(11, N, out);
-                index.encode(out);
-                desc.encode(out);
-            }
-            DeviceOp::WriteIndirect { slot, desc } => {
-                variant(12, N, out);
-                slot.encode(out);
-                desc.encode(out);
-            }
-            DeviceOp::Publish(heads) => (variant(13, N, out), heads.encode(out)).1,
-            DeviceOp::SetAvailIdx(v) => (variant(14, N, out), v.encode(out)).1,
-            DeviceOp::SetAvailFlags(v) => (variant(15, N, out), v.encode(out)).1,
-            DeviceOp::SetUsedEvent(v) => (variant(16, N, out), v.encode(out)).1,
-        }
-    }
-}
-
-/// A whole `device_queue` input.
-#[derive(Arbitrary, Clone, Debug, PartialEq, Eq)]
-pub struct DeviceInput {
-    pub setup: DeviceSetup,
-    /// The descriptor table from entry 0 (entries past the size are ignored).
-    pub descs: Vec<RawDesc>,
-    pub avail: AvailRing,
-    pub used: UsedRing,
-    /// The indirect area from its start (at most 256 entries).
-    pub indirect: Vec<RawDesc>,
-    pub ops: Vec<DeviceOp>,
-}
-encode_struct!(DeviceInput {
-    setup,
-    descs,
-    avail,
-    used,
-    indirect,
-    ops
-});
+use shadow::Shadow;
 
 /// What a run did, for the seed tests to check that each seed means what it says.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -194,7 +54,8 @@ pub struct Outcome {
 pub fn run(input: &DeviceInput) -> Option<Outcome> {
     let size = mem::queue_size(input.setup.size_log2);
     let rings = input.setup.placement.rings(size);
-    let mem = mem::memory();
+    let mut shadow = Shadow::take();
+    let mem = shadow.mem.clone();
     // Fill memory as the driver left it. Overlapping placements overwrite in this order.
     for (i, d) in input.descs.iter().take(size as usize).enumerate() {
         d.write(&mem, rings.desc.0 + 16 * i as u64);
@@ -203,6 +64,14 @@ pub fn run(input: &DeviceInput) -> Option<Outcome> {
     input.used.write(&mem, rings.used.0, size);
     for (i, d) in input.indirect.iter().take(256).enumerate() {
         d.write(&mem, DEV_INDIRECT + 16 * i as u64);
+    }
+    for (at, len) in [
+        (rings.desc.0, 16 * size as usize),
+        (rings.avail.0, 6 + 2 * size as usize),
+        (rings.used.0, 6 + 8 * size as usize),
+        (DEV_INDIRECT, DEV_INDIRECT_LEN as usize),
+    ] {
+        shadow.driver_wrote(at, len);
     }
     let config = QueueConfig::new(size as u32, rings, input.setup.features())
         .expect("sizes from queue_size are valid");
@@ -218,6 +87,7 @@ pub fn run(input: &DeviceInput) -> Option<Outcome> {
                 matches!(e, Error::RingOutOfMemory { .. }),
                 "activation failed: {e}"
             );
+            shadow.give_back();
             return None;
         }
     };
@@ -228,6 +98,8 @@ pub fn run(input: &DeviceInput) -> Option<Outcome> {
         rings,
         size,
         indirect_ok: input.setup.indirect,
+        event_idx: input.setup.event_idx,
+        in_order: input.setup.in_order,
         queue,
         chain: Chain::new(),
         broken: None,
@@ -238,23 +110,37 @@ pub fn run(input: &DeviceInput) -> Option<Outcome> {
         next_used,
         published_used: next_used,
         used_idx_stores: 0,
+        read_run: None,
+        no_notify: false,
+        shadow,
     };
     for op in &input.ops {
         h.step(op);
         h.check_state();
+        h.check_used_ring();
     }
+    h.shadow.check_all();
+    let Harness {
+        shadow,
+        broken,
+        popped,
+        used,
+        ..
+    } = h;
+    shadow.give_back();
     Some(Outcome {
-        broken: h.broken,
-        popped: h.popped,
-        used: h.used,
+        broken,
+        popped,
+        used,
     })
 }
-
 struct Harness {
     mem: Arc<GuestMemory>,
     rings: RingAddresses,
     size: u16,
     indirect_ok: bool,
+    event_idx: bool,
+    in_order: bool,
     queue: DeviceQueue,
     /// The chain `pop_into` reuses.
     chain: Chain,
@@ -271,6 +157,13 @@ struct Harness {
     published_used: u16,
     batch: u16,
     used_idx_stores: u64,
+    /// IN_ORDER: the run of read chains whose element is not written yet: its first used
+    /// index and its last head.
+    read_run: Option<(u16, u16)>,
+    /// Whether the device's `used.flags` has NO_NOTIFY (it writes them from its own copy).
+    no_notify: bool,
+    /// Region 0 as it should be.
+    shadow: Shadow,
 }
 
 impl Harness {
@@ -316,8 +209,10 @@ impl Harness {
         assert_eq!(stats.used_idx_stores, self.used_idx_stores);
     }
 
-    /// The model's side of a flush: a store of `used.idx` if anything is unpublished.
+    /// The model's side of a flush: the open run's element, then a store of `used.idx` if
+    /// anything is unpublished.
     fn model_flush(&mut self) {
+        self.model_end_read_run();
         if self.published_used != self.next_used {
             self.published_used = self.next_used;
             self.used_idx_stores += 1;
@@ -326,7 +221,72 @@ impl Harness {
                 self.next_used,
                 "used.idx not published"
             );
+            self.shadow
+                .expect(self.rings.used.0 + 2, &self.next_used.to_le_bytes());
         }
+    }
+
+    /// IN_ORDER: the open run of read chains ends; its element (the run's last head, length
+    /// 0, at its first slot) must be written now.
+    fn model_end_read_run(&mut self) {
+        if let Some((start, head)) = self.read_run.take() {
+            self.model_used_elem(start, head, 0, "a run's element");
+        }
+    }
+
+    /// The device wrote used element `index` (a used index, masked here): checks and records it.
+    fn model_used_elem(&mut self, index: u16, head: u16, len: u32, what: &str) {
+        let at = self.rings.used.0 + 4 + 8 * (index & self.mask()) as u64;
+        assert_eq!(
+            peek32(&self.mem, at),
+            head as u32,
+            "{what}: used element id"
+        );
+        assert_eq!(peek32(&self.mem, at + 4), len, "{what}: used element len");
+        let mut elem = [0; 8];
+        elem[..4].copy_from_slice(&(head as u32).to_le_bytes());
+        elem[4..].copy_from_slice(&len.to_le_bytes());
+        self.shadow.expect(at, &elem);
+    }
+
+    /// A completed chain, as `add_used` (`read`: `add_used_read`) takes it.
+    fn add_used(&mut self, head: UsedHead, len: u32, read: bool) {
+        let head = match head {
+            UsedHead::Popped(n) if !self.outstanding.is_empty() => {
+                let i = n as usize % self.outstanding.len();
+                self.outstanding.remove(i)
+            }
+            UsedHead::Popped(_) => 0,
+            UsedHead::Raw(h) => h,
+        };
+        let r = if read {
+            self.queue.add_used_read(head)
+        } else {
+            self.queue.add_used(head, len)
+        };
+        if self.check(r).is_none() {
+            return;
+        }
+        if read && self.in_order {
+            // Nothing written yet: the run's element waits for the run's end.
+            let start = self.read_run.map_or(self.next_used, |(start, _)| start);
+            self.read_run = Some((start, head));
+        } else {
+            self.model_end_read_run();
+            self.model_used_elem(self.next_used, head, len, "add_used");
+        }
+        self.next_used = self.next_used.wrapping_add(1);
+        self.used += 1;
+        self.undoable = 0;
+        if self.next_used.wrapping_sub(self.published_used) >= self.batch {
+            self.model_flush();
+        }
+    }
+
+    /// The used ring (flags, index, elements, avail_event) holds what the model says.
+    fn check_used_ring(&mut self) {
+        let len = 6 + 8 * self.size as usize;
+        self.shadow.check(self.rings.used.0, len, "used ring");
     }
 
     fn step(&mut self, op: &DeviceOp) {
@@ -334,28 +294,8 @@ impl Harness {
         match op {
             DeviceOp::Pop => self.pop(false),
             DeviceOp::PopInto => self.pop(true),
-            DeviceOp::AddUsed { head, len } => {
-                let head = match *head {
-                    UsedHead::Popped(n) if !self.outstanding.is_empty() => {
-                        let i = n as usize % self.outstanding.len();
-                        self.outstanding.remove(i)
-                    }
-                    UsedHead::Popped(_) => 0,
-                    UsedHead::Raw(h) => h,
-                };
-                let r = self.queue.add_used(head, *len);
-                if self.check(r).is_some() {
-                    let at = self.rings.used.0 + 4 + 8 * (self.next_used & self.mask()) as u64;
-                    assert_eq!(peek32(&self.mem, at), head as u32, "used element id");
-                    assert_eq!(peek32(&self.mem, at + 4), *len, "used element len");
-                    self.next_used = self.next_used.wrapping_add(1);
-                    self.used += 1;
-                    self.undoable = 0;
-                    if self.next_used.wrapping_sub(self.published_used) >= self.batch {
-                        self.model_flush();
-                    }
-                }
-            }
+            DeviceOp::AddUsed { head, len } => self.add_used(*head, *len, false),
+            DeviceOp::AddUsedRead(head) => self.add_used(*head, 0, true),
             DeviceOp::Flush => {
                 self.queue.flush();
                 self.model_flush();
@@ -374,10 +314,24 @@ impl Harness {
                 let r = self.queue.enable_notification();
                 if !broken {
                     self.model_flush();
+                    let used = self.rings.used.0;
+                    if self.event_idx {
+                        // The device's own avail index: nothing to predict it from.
+                        self.shadow.driver_wrote(used + 4 + 8 * self.size as u64, 2);
+                    } else if self.no_notify {
+                        self.no_notify = false;
+                        self.shadow.expect(used, &0u16.to_le_bytes());
+                    }
                 }
                 self.check(r);
             }
-            DeviceOp::DisableNotification => self.queue.disable_notification(),
+            DeviceOp::DisableNotification => {
+                self.queue.disable_notification();
+                if !self.event_idx && !self.no_notify {
+                    self.no_notify = true;
+                    self.shadow.expect(self.rings.used.0, &1u16.to_le_bytes());
+                }
+            }
             DeviceOp::AvailPending => {
                 let last = self.queue.position().next_avail();
                 let idx = peek16(&self.mem, avail + 2);
@@ -402,32 +356,41 @@ impl Harness {
                 self.outstanding
                     .truncate(self.outstanding.len().saturating_sub(n as usize));
             }
-            DeviceOp::Scribble(s) => s.write(&self.mem),
+            DeviceOp::Scribble(s) => {
+                s.write(&self.mem);
+                self.shadow
+                    .driver_wrote(s.offset as u64 % REGION0.1, s.bytes.len());
+            }
             DeviceOp::WriteDesc { index, desc } => {
-                let i = index & self.mask();
-                desc.write(&self.mem, self.rings.desc.0 + 16 * i as u64);
+                let at = self.rings.desc.0 + 16 * (index & self.mask()) as u64;
+                desc.write(&self.mem, at);
+                self.shadow.driver_wrote(at, 16);
             }
             DeviceOp::WriteIndirect { slot, desc } => {
                 const { assert!(16 * 256 <= DEV_INDIRECT_LEN) };
-                desc.write(&self.mem, DEV_INDIRECT + 16 * *slot as u64);
+                let at = DEV_INDIRECT + 16 * *slot as u64;
+                desc.write(&self.mem, at);
+                self.shadow.driver_wrote(at, 16);
             }
             DeviceOp::Publish(heads) => {
                 let mut idx = peek16(&self.mem, avail + 2);
                 for &head in heads {
-                    let slot = idx & self.mask();
-                    poke16(&self.mem, avail + 4 + 2 * slot as u64, head);
+                    let at = avail + 4 + 2 * (idx & self.mask()) as u64;
+                    poke16(&self.mem, at, head);
+                    self.shadow.driver_wrote(at, 2);
                     idx = idx.wrapping_add(1);
                 }
-                poke16(&self.mem, avail + 2, idx);
+                self.driver_poke16(avail + 2, idx);
             }
-            DeviceOp::SetAvailIdx(v) => poke16(&self.mem, avail + 2, *v),
-            DeviceOp::SetAvailFlags(v) => poke16(&self.mem, avail, *v),
-            DeviceOp::SetUsedEvent(v) => poke(
-                &self.mem,
-                avail + 4 + 2 * self.size as u64,
-                &v.to_le_bytes(),
-            ),
+            DeviceOp::SetAvailIdx(v) => self.driver_poke16(avail + 2, *v),
+            DeviceOp::SetAvailFlags(v) => self.driver_poke16(avail, *v),
+            DeviceOp::SetUsedEvent(v) => self.driver_poke16(avail + 4 + 2 * self.size as u64, *v),
         }
+    }
+
+    fn driver_poke16(&mut self, addr: u64, v: u16) {
+        poke16(&self.mem, addr, v);
+        self.shadow.driver_wrote(addr, 2);
     }
 
     /// An `AvailIdxOutOfRange` must report what memory held, and be right about it.
