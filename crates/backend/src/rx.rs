@@ -1061,4 +1061,92 @@ mod tests {
         );
         assert_eq!(log.take_dirty(), [page(7), page(8)]);
     }
+
+    /// Frames in pieces (a header, the first 64 bytes, the rest in another guest's memory
+    /// split over two segments) land byte for byte whatever the buffers' shape: one buffer,
+    /// a chain whose first segment holds the header and first bytes and whose second the rest,
+    /// a chain whose first segment is too short even for the header, and three merged
+    /// buffers.
+    #[test]
+    fn frames_in_pieces_land_byte_for_byte_in_buffers_of_any_shape() {
+        let (mut rx, mut driver, mem) = rx_path(MRG);
+        let at = |slot: u64, skip: u64| vring::GuestAddress(Pair::buf(slot, 0).addr.0 + skip);
+        let b = |slot: u64, skip: u64, len: u32| vring::Buf::new(at(slot, skip), len);
+        driver.add(&[], &[b(0, 0, 2048)], 0).unwrap();
+        driver.add(&[], &[b(1, 0, 80), b(2, 0, 2048)], 1).unwrap();
+        driver.add(&[], &[b(3, 0, 8), b(4, 0, 2048)], 2).unwrap();
+        for slot in 5..8 {
+            driver.add(&[], &[b(slot, 0, 600)], slot as u32).unwrap();
+        }
+        let sender = GuestMemory::anonymous(&[(vring::GuestAddress(0), 0x4000)]).unwrap();
+        let f = frame(1500);
+        sender
+            .write(vring::GuestAddress(0x100), &f[64..1000])
+            .unwrap();
+        sender
+            .write(vring::GuestAddress(0x2000), &f[1000..])
+            .unwrap();
+        let segs = [
+            vring::Segment {
+                addr: vring::GuestAddress(0x100),
+                len: 936,
+            },
+            vring::Segment {
+                addr: vring::GuestAddress(0x2000),
+                len: 500,
+            },
+        ];
+        let hdr = vnet::NetHdr {
+            flags: 2, // DATA_VALID
+            ..Default::default()
+        };
+        let piece = Pieces {
+            hdr,
+            prefix: &f[..64],
+            rest: Some((&sender, vring::Tail::new(&segs))),
+        };
+        let mut out = [Delivery::NoRoom; 4];
+        rx.deliver_pieces(&shared(), &[piece; 4], &mut out).unwrap();
+        assert_eq!(out, [Delivery::Delivered; 4]);
+        rx.queue.as_mut().unwrap().flush();
+        let total = (vnet::HDR_LEN + 1500) as u32;
+        assert_eq!(
+            used(&mut driver),
+            [
+                (0, total),
+                (1, total),
+                (2, total),
+                (5, 600),
+                (6, 600),
+                (7, total - 1200)
+            ]
+        );
+        let want = |buffers: u16| {
+            let mut h = hdr;
+            h.num_buffers = buffers;
+            [&h.to_bytes()[..], &f[..]].concat()
+        };
+        let read = |pieces: &[(u64, usize)]| {
+            let mut got = Vec::new();
+            for &(slot, len) in pieces {
+                let mut b = vec![0u8; len];
+                mem.read(at(slot, 0), &mut b).unwrap();
+                got.extend(b);
+            }
+            got
+        };
+        let total = total as usize;
+        assert_eq!(read(&[(0, total)]), want(1), "one buffer");
+        assert_eq!(
+            read(&[(1, 80), (2, total - 80)]),
+            want(1),
+            "header in the first"
+        );
+        assert_eq!(read(&[(3, 8), (4, total - 8)]), want(1), "header split");
+        assert_eq!(
+            read(&[(5, 600), (6, 600), (7, total - 1200)]),
+            want(3),
+            "merged"
+        );
+    }
 }

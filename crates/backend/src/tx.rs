@@ -116,7 +116,10 @@ fn check_into<'c>(
         // The header in HDR_LEN bytes, `num_buffers` zero (as a TAP takes it), then the
         // frame's first bytes.
         const NUM_BUFFERS: usize = vnet::NUM_BUFFERS_OFFSET as usize;
-        head.bytes.copy_within(hdr_len..len, vnet::HDR_LEN);
+        if hdr_len < vnet::HDR_LEN {
+            // A 10-byte header (no VERSION_1 nor MRG_RXBUF): the frame moves up.
+            head.bytes.copy_within(hdr_len..len, vnet::HDR_LEN);
+        }
         head.bytes[NUM_BUFFERS..vnet::HDR_LEN].fill(0);
         head.len = (vnet::HDR_LEN + take) as u8;
     }

@@ -114,9 +114,11 @@ impl Chain {
     }
 
     /// Walks and validates the chain starting at `head` (already checked < size) into `self`.
-    /// Inlined into `pop_into`: as a call it cost a third of the device side's instructions
-    /// per 1-descriptor chain (register saves, the `Result` through memory; callgrind).
-    #[inline]
+    /// Inlined into `pop_into`, and so into its callers: as a call it cost a third of the
+    /// device side's instructions per 1-descriptor chain (register saves, the `Result` through
+    /// memory; callgrind), and LLVM stopped inlining it once `pop_into` itself was inlined
+    /// (26 instructions more a pop in the switch's bench).
+    #[inline(always)]
     pub(crate) fn walk(
         &mut self,
         rings: &Rings,

@@ -270,8 +270,9 @@ impl DeviceQueue {
     }
 
     /// Pops the next available chain into `chain`, reusing its allocation. Returns false when
-    /// the ring is empty. Any malformed chain breaks the queue.
-    #[inline]
+    /// the ring is empty. Any malformed chain breaks the queue. Inlined into each caller (a
+    /// few, each a loop of pops): as a call it cost 7 instructions a pop more (callgrind).
+    #[inline(always)]
     pub fn pop_into(&mut self, chain: &mut Chain) -> Result<bool, Error> {
         self.broken.check()?;
         if self.last_avail == self.avail_cache && !self.refresh_avail()? {

@@ -251,6 +251,26 @@ impl GuestMemory {
         unsafe { std::ptr::write_unaligned(span.ptr.cast::<[u8; N]>(), bytes) };
         Ok(())
     }
+
+    /// Stores `head` (out of registers, as [`GuestMemory::write_array`]) and then `buf` right
+    /// after it, at `addr`: a frame's header and first bytes into one buffer, translated once.
+    #[inline]
+    pub fn write_array_then<const N: usize>(
+        &self,
+        addr: GuestAddress,
+        head: [u8; N],
+        buf: &[u8],
+    ) -> Result<(), Error> {
+        let span = self.host_span(addr, N + buf.len())?;
+        // SAFETY: `host_span` checked that the N + buf.len() bytes lie inside a live mapping of
+        // `self`; the store is unaligned. The peer may read or write them concurrently, as
+        // with `write`.
+        unsafe { std::ptr::write_unaligned(span.ptr.cast::<[u8; N]>(), head) };
+        // SAFETY: the rest of the span checked above; `buf` is a Rust allocation, never guest
+        // memory, so it does not overlap it.
+        unsafe { std::ptr::copy_nonoverlapping(buf.as_ptr(), span.ptr.wrapping_add(N), buf.len()) };
+        Ok(())
+    }
 }
 
 /// Hints the CPU to fetch the cache line holding `v` for reading (the ring's own prefetches:
@@ -295,6 +315,26 @@ mod tests {
     use super::*;
     use crate::sync::{AtomicU16, AtomicU32};
     use std::sync::atomic::Ordering;
+
+    #[test]
+    fn an_array_then_a_slice_go_in_one_after_the_other_inside_one_region_only() {
+        let mem = GuestMemory::anonymous(&[(GuestAddress(0), 4096), (GuestAddress(0x10000), 4096)])
+            .unwrap();
+        mem.write_array_then(GuestAddress(4090), *b"ab", b"cdef")
+            .unwrap();
+        let mut back = [0u8; 6];
+        mem.read(GuestAddress(4090), &mut back).unwrap();
+        assert_eq!(&back, b"abcdef");
+        // One byte past the region's end, or a slice that would: refused, nothing written.
+        assert!(mem
+            .write_array_then(GuestAddress(4091), *b"xy", b"zzzz")
+            .is_err());
+        assert!(mem
+            .write_array_then(GuestAddress(4095), *b"xy", b"")
+            .is_err());
+        mem.read(GuestAddress(4090), &mut back).unwrap();
+        assert_eq!(&back, b"abcdef");
+    }
 
     #[test]
     fn translation_is_bounded_by_regions() {

@@ -88,8 +88,9 @@ enum Popped {
 }
 
 /// Pops chains of `rx` into `chains` from index `at` on until their writable bytes hold
-/// `need` (merged when MRG_RXBUF is negotiated, else one chain must).
-#[inline]
+/// `need` (merged when MRG_RXBUF is negotiated, else one chain must). Inlined into its two
+/// callers: as a call, with the pop inlined into it, it cost 41 instructions a frame more.
+#[inline(always)]
 fn pop_for(
     rx: &mut QueueRuntime,
     chains: &mut Vec<Chain>,
@@ -295,6 +296,24 @@ fn write_pieces(
     let mut hdr = f.hdr;
     hdr.num_buffers = chains.len() as u16;
     let hdr = hdr.to_bytes();
+    if let ([c], vnet::HDR_LEN) = (chains, hdr_len) {
+        // Most frames: one buffer whose first segment holds the header and the first bytes,
+        // written with one translation of its address (120 instructions fewer a frame at
+        // 64 B, 96 at 1500 B than through the writer: callgrind, the switch's bench).
+        let writable = c.writable();
+        let near = vnet::HDR_LEN + f.prefix.len();
+        if let Some(s) = writable.first().filter(|s| s.len as usize >= near) {
+            rx.memory().write_array_then(s.addr, hdr, f.prefix)?;
+            let mut written = near as u64;
+            if let Some((mem, t)) = f.rest {
+                let mut w = Writer::at(rx.memory(), writable, written)?;
+                let room = w.remaining();
+                w.copy_from(&mut Reader::from_tail(mem, t), room)?;
+                written += w.written();
+            }
+            return rx.add_used_written(c, written as u32, true);
+        }
+    }
     let mut head = &hdr[..hdr_len];
     let mut prefix = f.prefix;
     let mut rest = f.rest.map(|(mem, t)| Reader::from_tail(mem, t));
