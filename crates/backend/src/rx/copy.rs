@@ -222,13 +222,14 @@ const ROUND: usize = 16;
 pub(super) fn deliver_pieces(
     shared: &Shared,
     rx: &mut QueueRuntime,
-    frames: &[Pieces<'_>],
+    frames: &[&Pieces<'_>],
     chains: &mut Vec<Chain>,
     grown: &mut bool,
     out: &mut [Delivery],
 ) -> Result<(), RingError> {
     let out = &mut out[..frames.len()];
     let hdr_len = rx.hdr_len();
+    let guest_csum = rx.features().contains(feature::GUEST_CSUM);
     rx.prefetch_avail(frames.len());
     let mut next = 0;
     while next < frames.len() {
@@ -238,7 +239,7 @@ pub(super) fn deliver_pieces(
         let mut takes = [0u16; ROUND];
         let (first, mut at, mut delivered) = (next, 0, 0);
         while next < frames.len() && at < ROUND {
-            let f = &frames[next];
+            let f = frames[next];
             out[next] = if !shared.accepts(f.prefix) {
                 rx.counters().filtered.add(1);
                 Delivery::Dropped
@@ -276,7 +277,7 @@ pub(super) fn deliver_pieces(
             .filter(|(_, o)| **o == Delivery::Delivered)
         {
             let used = takes.next().map_or(0, |&n| n as usize);
-            write_pieces(rx, f, hdr_len, &chains[at..at + used])?;
+            write_pieces(rx, f, hdr_len, guest_csum, &chains[at..at + used])?;
             at += used;
         }
     }
@@ -291,10 +292,16 @@ fn write_pieces(
     rx: &mut QueueRuntime,
     f: &Pieces<'_>,
     hdr_len: usize,
+    guest_csum: bool,
     chains: &[Chain],
 ) -> Result<(), RingError> {
     let mut hdr = f.hdr;
     hdr.num_buffers = chains.len() as u16;
+    if !guest_csum {
+        // DATA_VALID (the uplink's kernel passes it on for a frame a NIC checked) is for a
+        // guest with GUEST_CSUM: one without gets flags zero (VIRTIO 1.2 5.1.6.4.1).
+        hdr.flags = 0;
+    }
     let hdr = hdr.to_bytes();
     if let ([c], vnet::HDR_LEN) = (chains, hdr_len) {
         // Most frames: one buffer whose first segment holds the header and the first bytes,

@@ -157,8 +157,7 @@ impl Sink {
             done: Delivered::default(),
             bytes: 0,
         };
-        let guest_csum = filling.features.contains(vnet::feature::GUEST_CSUM);
-        let mut batch = ArrayVec::<Pieces<'_>, CHUNK>::new();
+        let mut batch = ArrayVec::<&Pieces<'_>, CHUNK>::new();
         // On a ring error, the frames it cost: those of the batch and the one being resolved.
         let failed = loop {
             let Some(f) = frames.next() else {
@@ -169,13 +168,6 @@ impl Sink {
                     if f.hdr.gso_type == HDR_GSO_NONE && f.frame_len() > filling.longest as u64 {
                         filling.drop_one();
                         continue;
-                    }
-                    let mut f = *f;
-                    if !guest_csum {
-                        // DATA_VALID (the uplink's kernel passes it on for a frame a NIC
-                        // checked) is for a guest with GUEST_CSUM: one without gets flags
-                        // zero (VIRTIO 1.2 5.1.6.4.1).
-                        f.hdr.flags = 0;
                     }
                     batch.push(f);
                     if batch.is_full() {
@@ -239,7 +231,7 @@ struct Filling<'p, 's> {
 
 impl Filling<'_, '_> {
     /// Puts `frames`, each as sent, into the queue; says how many found no room.
-    fn flush(&mut self, frames: &[Pieces<'_>]) -> Result<usize, vring::Error> {
+    fn flush(&mut self, frames: &[&Pieces<'_>]) -> Result<usize, vring::Error> {
         let mut missed = 0;
         if frames.is_empty() {
             return Ok(missed);
@@ -293,7 +285,7 @@ impl Filling<'_, '_> {
         if f.hdr.gso_type == HDR_GSO_NONE {
             match gso::complete_csum(&f.hdr, scratch) {
                 Ok(hdr) if len <= self.longest => {
-                    self.flush(&[whole(hdr, scratch)])?;
+                    self.flush(&[&whole(hdr, scratch)])?;
                     return Ok(());
                 }
                 _ => {
@@ -311,7 +303,7 @@ impl Filling<'_, '_> {
                 self.drop_one();
                 continue;
             }
-            if self.flush(&[whole(hdr, bytes)])? > 0 {
+            if self.flush(&[&whole(hdr, bytes)])? > 0 {
                 // No room for this one: none for the rest either.
                 break;
             }
