@@ -182,8 +182,9 @@ impl DeviceQueue {
     }
 
     /// [`DeviceQueue::add_used`] for a chain the device wrote `len` bytes into: those bytes
-    /// are marked in the dirty log first, if the queue logs.
-    #[inline]
+    /// are marked in the dirty log first, if the queue logs. Inlined into its callers (a
+    /// frame's last buffer each): as a call it cost 10 instructions a frame more.
+    #[inline(always)]
     pub fn add_used_written(&mut self, chain: &Chain, len: u32) -> Result<(), Error> {
         self.log_write(chain.writable(), len as u64);
         self.add_used(chain.head(), len)
