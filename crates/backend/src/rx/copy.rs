@@ -185,9 +185,9 @@ pub(super) fn deliver(
 }
 
 /// A frame to deliver in pieces: its virtio-net header in the receiving queue's format
-/// (`num_buffers` is set here), the first bytes of the frame (its headers, copied and checked
-/// once), then the rest of it, read straight from another guest's memory: one copy from one
-/// guest's buffers into another's.
+/// (`num_buffers` is set here, and the flags cleared for a guest without GUEST_CSUM), the
+/// first bytes of the frame (its headers, copied and checked once), then the rest of it, read
+/// straight from another guest's memory: one copy from one guest's buffers into another's.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Pieces<'a> {
     pub hdr: vnet::NetHdr,
