@@ -162,7 +162,7 @@ impl<'m, 'a> Reader<'m, 'a> {
     /// since the chain was popped) fails with the memory's error.
     ///
     /// The bytes in one segment (a header, say) are read inline; bytes across segments by a
-    /// call (as a call, the common case cost 30 instructions a frame more in the switch's
+    /// call (as a call, the common case cost 21 instructions a frame more in the switch's
     /// bench: callgrind).
     #[inline(always)]
     pub fn read_exact(&mut self, buf: &mut [u8]) -> Result<(), Error> {

@@ -306,7 +306,7 @@ fn write_pieces(
     if let ([c], vnet::HDR_LEN) = (chains, hdr_len) {
         // Most frames: one buffer whose first segment holds the header and the first bytes,
         // written with one translation of its address (120 instructions fewer a frame at
-        // 64 B, 96 at 1500 B than through the writer: callgrind, the switch's bench).
+        // 64 B than through the writer: callgrind, the switch's bench).
         let writable = c.writable();
         let near = vnet::HDR_LEN + f.prefix.len();
         if let Some(s) = writable.first().filter(|s| s.len as usize >= near) {
