@@ -44,8 +44,10 @@
 #              whether the sink got every byte in order, and for scale the same sender into a
 #              receiver over the namespace's loopback on the same two CPUs (no device). The
 #              sender runs on DEV_CPU, beside the device: gen busy polls GUEST_CPU;
+#   --against BIN  also our backend A/B/B/A against another virtnet binary (the one before a
+#              change: "no slower than before"), guest -> host, 64 and 1500 B, at the TAP;
 #   --no-compare  only the parts asked for with --ceiling / --offload / --zero-loss /
-#              --tap-io-ab / --tcp-rx.
+#              --tap-io-ab / --tcp-rx / --against.
 #
 # CPUs: the device on DEV_CPU (0), the guest (and virtnet gen) on GUEST_CPU (1), trafgen on
 # the CPU the device does not use, GEN_CPU (GUEST_CPU), where it shares the CPU with the
@@ -57,7 +59,7 @@
 # Usage: scripts/tap-compare.sh [--rounds N] [--seconds S] [--busy-poll-us US]
 #                               [--ceiling] [--offload] [--offload-frames N]
 #                               [--zero-loss S] [--tap-io-ab]
-#                               [--tcp-rx] [--no-compare]
+#                               [--tcp-rx] [--against BIN] [--no-compare]
 # Needs root; installs dpdk-dev and netsniff-ng (trafgen) when missing. Prints Markdown.
 set -euo pipefail
 
@@ -71,6 +73,7 @@ offload_frames=64
 zero_loss=0
 tap_io_ab=0
 tcp_rx=0
+against=
 while [ $# -gt 0 ]; do
   case "$1" in
     --rounds) rounds=$2; shift 2 ;;
@@ -82,6 +85,7 @@ while [ $# -gt 0 ]; do
     --zero-loss) zero_loss=$2; shift 2 ;;
     --tap-io-ab) tap_io_ab=1; shift ;;
     --tcp-rx) tcp_rx=1; shift ;;
+    --against) against=$2; shift 2 ;;
     --no-compare) compare=0; shift ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
@@ -239,6 +243,7 @@ device_virtnet() { # sock [tap-io]
   pids+=($!)
 }
 device_syscalls() { device_virtnet "$1" syscalls; }
+device_against() { local virtnet=$against; device_virtnet "$1"; }
 # Our backend on $work/s.sock (its ctl socket fresh), once that socket is there; its pid is
 # the last in pids.
 start_our_device() {
@@ -276,7 +281,8 @@ stop_last() { # signal
 # (Not called in $(...): the processes it starts must stay in this shell's list.)
 run_pair() { # which dir size
   local which=$1 dir=$2 size=$3 sock=$work/s.sock tap=$our_tap
-  # virtnet: --tap-io uring; syscalls: virtnet backend --tap-io syscalls; dpdk: DPDK's pair.
+  # virtnet: --tap-io uring; syscalls: virtnet backend --tap-io syscalls; against: the binary
+  # --against names; dpdk: DPDK's pair.
   rm -f "$sock"
   if [ "$which" = dpdk ]; then tap=$dpdk_tap; fi
   "device_$which" "$sock"
@@ -514,18 +520,19 @@ if [ "$compare" = 1 ]; then
   echo
 fi
 
-if [ "$tap_io_ab" = 1 ]; then
-  echo "| frames | guest → host, at the TAP | virtnet --tap-io uring Mpps: median (each run) | virtnet --tap-io syscalls Mpps: median (each run) | ratio of medians | of bests | of worsts |"
+# Rows of guest -> host at the TAP, device A against device B (run_pair's names), A/B then
+# B/A in alternate rounds, 64 and 1500 B.
+ab_rows() { # a b "A's column" "B's column"
+  echo "| frames | guest → host, at the TAP | $3 Mpps: median (each run) | $4 Mpps: median (each run) | ratio of medians | of bests | of worsts |"
   echo "|---|---|---|---|---|---|---|"
   for size in 64 1500; do
     a=(); b=()
     for r in $(seq "$rounds"); do
-      # A/B, then B/A.
-      order="virtnet syscalls"
-      [ $((r % 2)) = 0 ] && order="syscalls virtnet"
+      order="$1 $2"
+      [ $((r % 2)) = 0 ] && order="$2 $1"
       for which in $order; do
         run_pair "$which" tx "$size"; read -r t _ _ <"$work/result"
-        if [ "$which" = virtnet ]; then a+=("$t"); else b+=("$t"); fi
+        if [ "$which" = "$1" ]; then a+=("$t"); else b+=("$t"); fi
       done
     done
     ma=$(pick median "${a[@]}"); mb=$(pick median "${b[@]}")
@@ -534,6 +541,12 @@ if [ "$tap_io_ab" = 1 ]; then
       "$(ratio "$(pick min "${a[@]}")" "$(pick min "${b[@]}")") |"
   done
   echo
+}
+if [ "$tap_io_ab" = 1 ]; then
+  ab_rows virtnet syscalls "virtnet --tap-io uring" "virtnet --tap-io syscalls"
+fi
+if [ -n "$against" ]; then
+  ab_rows virtnet against "virtnet backend --tap ($virtnet)" "the same, $against"
 fi
 
 declare -A ceil
