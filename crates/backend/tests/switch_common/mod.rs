@@ -1,23 +1,29 @@
 //! What the `switch*` tests share: a switch in this process (echo devices, one worker by
-//! default) with ports vm1, vm2 and vm3, our driver as their guests, frames addressed between
-//! them, and sending and receiving as a driver does.
+//! default) with ports vm1, vm2, vm3 (and vm4 where a case needs it), our driver as their
+//! guests, frames addressed between them, and sending and receiving as a driver does.
 #![allow(dead_code)]
 
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use testkit::inproc::{connect_socket, temp_dir, Pair, TempDir, WANTED};
 use virtnet_backend::switch::{FdbConfig, PortSpec, Switch, SwitchConfig};
 use virtnet_backend::{BackendConfig, IoMode};
-use virtnet_driver::{Frames, PollMode};
+use virtnet_driver::{Frames, PollMode, TxQueue};
 use vnet::NetHdr;
 
-pub const MAC: [[u8; 6]; 3] = [
+pub const MAC: [[u8; 6]; 4] = [
     [0x52, 0x54, 0, 0, 0, 1],
     [0x52, 0x54, 0, 0, 0, 2],
     [0x52, 0x54, 0, 0, 0, 3],
+    [0x52, 0x54, 0, 0, 0, 4],
 ];
+
+/// The ports' names, in the order of `MAC`.
+pub const NAMES: [&str; 4] = ["vm1", "vm2", "vm3", "vm4"];
 
 pub fn switch(workers: usize) -> Arc<Switch> {
     Switch::start(SwitchConfig {
@@ -64,6 +70,52 @@ pub fn send_all(p: &mut Pair, frames: &[Vec<u8>]) {
     p.tx.flush();
 }
 
+/// Sends `frames[i]` from `txs[i]` at full rate until `stop`, from one thread: a burst of up
+/// to 32 from each queue in turn (the first rotating), skipping a queue whose ring is full,
+/// each frame from a buffer that already holds it. With frames long enough that the sender
+/// outruns the switch, the rings stay full and what each queue sends is what the switch took
+/// from it, not what the scheduler gave a sender thread of its own (with a thread each, the
+/// shares followed whichever sender was left off its CPU). Gives back the queues and how many
+/// frames each sent.
+pub fn send_in_turn(
+    mut txs: Vec<TxQueue>,
+    frames: Vec<Vec<u8>>,
+    stop: Arc<AtomicBool>,
+) -> JoinHandle<(Vec<TxQueue>, Vec<u64>)> {
+    std::thread::spawn(move || {
+        let n = txs.len();
+        let (mut first, mut sent) = (0, vec![0u64; n]);
+        while !stop.load(Relaxed) {
+            let before: u64 = sent.iter().sum();
+            for i in (0..n).map(|k| (first + k) % n) {
+                let tx = &mut txs[i];
+                if tx.is_stopped() && !tx.wait_wake(0).unwrap() {
+                    continue;
+                }
+                for _ in 0..32 {
+                    if !tx.send_tagged(&frames[i], NetHdr::default(), 1).unwrap() {
+                        break;
+                    }
+                    sent[i] += 1;
+                }
+                tx.flush();
+            }
+            first = (first + 1) % n;
+            if sent.iter().sum::<u64>() == before {
+                std::thread::yield_now();
+            }
+        }
+        (txs, sent)
+    })
+}
+
+/// Whether the smallest of `counts` is within 20% of the largest.
+pub fn within_a_fifth(counts: &[u64]) -> bool {
+    let (min, max) = (counts.iter().min(), counts.iter().max());
+    min.zip(max)
+        .is_some_and(|(&min, &max)| min as f64 >= 0.8 * max as f64)
+}
+
 /// What `p` receives within `within`, stopping early once it has `count` frames.
 pub fn receive(p: &mut Pair, count: usize, within: Duration) -> Vec<Vec<u8>> {
     let mut got = Vec::new();
@@ -81,10 +133,15 @@ pub fn receive(p: &mut Pair, count: usize, within: Duration) -> Vec<Vec<u8>> {
 /// A switch with ports vm1, vm2 and vm3 (MACs `MAC`), sockets in a directory named after
 /// `tag`; no guest yet.
 pub fn three_ports(tag: &str) -> (TempDir, Arc<Switch>) {
+    ports(tag, 3)
+}
+
+/// A switch with the first `n` ports of `NAMES` (MACs `MAC`), as [`three_ports`].
+pub fn ports(tag: &str, n: usize) -> (TempDir, Arc<Switch>) {
     let dir = temp_dir(tag);
     let s = switch(1);
-    for (k, n) in ["vm1", "vm2", "vm3"].iter().enumerate() {
-        s.add_port(port(n, &sock(&dir, n), MAC[k])).unwrap();
+    for (k, name) in NAMES[..n].iter().enumerate() {
+        s.add_port(port(name, &sock(&dir, name), MAC[k])).unwrap();
     }
     (dir, s)
 }
@@ -96,8 +153,13 @@ pub fn sock(dir: &TempDir, name: &str) -> std::path::PathBuf {
 
 /// Our driver on each of vm1, vm2 and vm3.
 pub fn guests(dir: &TempDir) -> Vec<Pair> {
-    ["vm1", "vm2", "vm3"]
+    guests_on(dir, 3)
+}
+
+/// Our driver on each of the first `n` ports of `NAMES`.
+pub fn guests_on(dir: &TempDir, n: usize) -> Vec<Pair> {
+    NAMES[..n]
         .iter()
-        .map(|n| connect_socket(&sock(dir, n), WANTED, 2048))
+        .map(|name| connect_socket(&sock(dir, name), WANTED, 2048))
         .collect()
 }
