@@ -8,6 +8,12 @@
 //! not the cross-CPU line transfers that `scripts/switch-compare.sh` also pays. It is the
 //! steady figure to compare a change by on this noisy machine.
 //!
+//! `switch_scaling` asks whether the switch's shared state (the port table and FDB locks, the
+//! sinks) lets two workers forward twice what one does: two pairs of guests on one switch,
+//! forwarded by one thread (each pair's frames in turn) or by two (a pair each, as two
+//! workers would). There the time is the wall time of everything, the guests' drivers
+//! included (each beside its worker), since on two CPUs there is no third for them.
+//!
 //! ```text
 //! cargo bench -p bench --bench switch
 //! ```
@@ -180,5 +186,37 @@ fn forward_benches(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, forward_benches);
+fn scaling_benches(c: &mut Criterion) {
+    let mut g = c.benchmark_group("switch_scaling");
+    g.throughput(Throughput::Elements(1))
+        .sample_size(20)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(3));
+    let core = Arc::new(SwitchCore::new(FdbConfig::default()).expect("a switch"));
+    let features = Features::VERSION_1 | feature::MRG_RXBUF;
+    let mut pairs = [1, 3].map(|n| (guest(&core, n, features), guest(&core, n + 1, features)));
+    g.bench_function("64B/1_worker", |bench| {
+        bench.iter_custom(|frames| {
+            let t = Instant::now();
+            for (a, b) in pairs.iter_mut() {
+                run(a, b, 64, 32, frames.div_ceil(2));
+            }
+            t.elapsed()
+        })
+    });
+    g.bench_function("64B/2_workers", |bench| {
+        bench.iter_custom(|frames| {
+            let t = Instant::now();
+            std::thread::scope(|s| {
+                for (a, b) in pairs.iter_mut() {
+                    s.spawn(move || run(a, b, 64, 32, frames.div_ceil(2)));
+                }
+            });
+            t.elapsed()
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, forward_benches, scaling_benches);
 criterion_main!(benches);
