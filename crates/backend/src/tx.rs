@@ -501,6 +501,38 @@ mod tests {
         }
     }
 
+    /// The tx path keeps its heads between batches, unzeroed: a head that held a longer
+    /// frame's bytes gives the next frame's bytes only, with a 10-byte header's missing
+    /// `num_buffers` zero, not the bytes the last frame left there.
+    #[test]
+    fn a_reused_head_holds_the_next_frames_bytes_only() {
+        let mut head = TxHead::default();
+        let long: Vec<u8> = (0..100u8).map(|b| b | 0x80).collect();
+        let short: Vec<u8> = (0..20u8).collect();
+        for (features, hdr_len, frame) in [
+            (Features::VERSION_1, 12, &long),
+            (Features::EMPTY, 10, &short),
+        ] {
+            let mut s = setup(QueueId::Tx(0), features);
+            let mut all = NetHdr::default().to_bytes()[..hdr_len].to_vec();
+            all.extend(frame);
+            s.mem.write(Pair::buf(0, 0).addr, &all).unwrap();
+            s.driver
+                .add(&[Pair::buf(0, all.len() as u32)], &[], 0)
+                .unwrap();
+            let c = s.runtime.engine().pop().unwrap().unwrap();
+            let got = check_header(s.runtime.memory(), &c, features, MAX_TX_PREFIX, &mut head);
+            assert!(matches!(got, Ok(Ok(_))), "refused: {got:?}");
+            let mut want = NetHdr::default().to_bytes().to_vec();
+            want.extend(&frame[..frame.len().min(MAX_TX_PREFIX)]);
+            assert_eq!(head.as_bytes(), &want[..], "{hdr_len}-byte header");
+            // Without a prefix, the header as the guest wrote it, and nothing after it.
+            let got = check_header(s.runtime.memory(), &c, features, 0, &mut head);
+            assert!(matches!(got, Ok(Ok(_))), "refused: {got:?}");
+            assert_eq!(head.as_bytes(), &all[..hdr_len]);
+        }
+    }
+
     #[test]
     fn a_tx_chain_shorter_than_its_header_is_refused() {
         let mut s = setup(QueueId::Tx(0), Features::VERSION_1);
