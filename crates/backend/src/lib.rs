@@ -30,6 +30,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod ab;
 pub mod config;
 pub mod ctl;
 pub mod ctrlq;

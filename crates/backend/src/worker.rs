@@ -164,6 +164,7 @@ impl Worker {
             for pair in self.pairs.iter_mut().flatten() {
                 frames += pair.turn();
             }
+            crate::ab::count(frames);
             self.faults
                 .check(self.pairs.iter().flatten().flat_map(Pair::queues));
             if frames > 0 {
