@@ -152,10 +152,10 @@ impl Send<'_, '_> {
         heads: &mut [TxHead],
         sent: &mut Vec<Sent>,
     ) -> (usize, Stop, Result<(), RingError>) {
-        // Filled for the frames there are (arrays of MAX_BATCH, zeroed whole, cost more than
-        // the checks of a short batch). `heads` is the tx path's, kept between batches: a
-        // head's bytes past its length are never read, so it is not zeroed for each frame
-        // (22 instructions a frame in the switch's bench).
+        // `bodies` is filled for the frames there are (arrays of MAX_BATCH, zeroed whole, cost
+        // more than the checks of a short batch). `heads` is the tx path's, kept between
+        // batches: a head's bytes past its length are never read, so it is not zeroed for
+        // each frame (17 instructions a frame fewer in the switch's bench, callgrind).
         let mut bodies = ArrayVec::<Tail<'_>, MAX_BATCH>::new();
         let chains = &chains[..chains.len().min(MAX_BATCH).min(heads.len())];
         let mut cut = chains.len();
