@@ -2,18 +2,18 @@
 # The paired A/B inside one process: `virtnet switch` built with the backend's `ab` feature
 # (crates/backend/src/ab.rs), its two ports driven by one DPDK testpmd as both guests (two
 # virtio-user ports, io forwarding, `start tx_first 32`, as scripts/switch-compare.sh), the
-# switch flipping between the code's variants A and B every VIRTNET_AB_MS ms (100). Each
-# period's rate (frames the worker forwarded per second) is paired with the next period's of
-# the other variant; the table gives each variant's median and the median of the pairs'
-# ratios B/A with its quartiles. Neighbouring periods see the same level of a machine whose
+# switch flipping between the code's variants A and B every VIRTNET_AB_MS ms (100). Each two
+# neighbouring periods (one of each variant) give a ratio of their rates (frames the worker
+# forwarded per second), B/A; the table gives each variant's median and the median of those
+# ratios with its quartiles. Neighbouring periods see the same level of a machine whose
 # level moves by 2x within seconds, so the ratio resolves a few per cent where alternating
 # invocations do not resolve thirty.
 #
 # What B is: the code under test reads `virtnet_backend::ab::b()` where the two versions part
 # (`if ab::b() { new } else { old }`); nothing in main does (add it for an experiment, and do
 # not commit it). With no such call the two variants are the same code, and the ratio is the
-# instrument's own spread (an A/A run: about 0.99, quartiles 0.93-1.04 on AMD EPYC family 25
-# model 1, 2026-12-07).
+# instrument's own spread (A/A: 0.999, quartiles 0.962-1.034, and 1.000, 0.959-1.023, in two
+# 20 s runs on AMD EPYC family 25 model 1, 2026-12-07).
 #
 # Usage: scripts/ab-pair.sh [--seconds S] [--size BYTES] [--runs N]
 # Needs root and dpdk-dev (installed when missing); the switch on CPU 0 (DEV_CPU), testpmd's

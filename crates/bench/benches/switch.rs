@@ -8,8 +8,9 @@
 //! not the cross-CPU line transfers that `scripts/switch-compare.sh` also pays. It is the
 //! steady figure to compare a change by on this noisy machine.
 //!
-//! `switch_scaling` asks whether the switch's shared state (the port table and FDB locks, the
-//! sinks) lets two workers forward twice what one does: two pairs of guests on one switch,
+//! `switch_scaling` asks whether the switch's shared state (the port table's and the FDB's read
+//! locks, which every batch takes) lets two workers forward twice what one does (each pair has
+//! its own ports and sinks here): two pairs of guests on one switch,
 //! forwarded by one thread (each pair's frames in turn) or by two (a pair each, as two
 //! workers would). There the time is the wall time of everything, the guests' drivers
 //! included (each beside its worker), since on two CPUs there is no third for them.
