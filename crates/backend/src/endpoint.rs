@@ -406,6 +406,11 @@ mod tests {
         let addr = tcp_endpoint("ep-test-evict", 2, echo_lines);
         let a = TcpStream::connect(addr).unwrap();
         let b = TcpStream::connect(addr).unwrap();
+        // Both accepted (a thread each) before a's answer: otherwise b may be accepted after
+        // it and a be the one waiting longest.
+        assert!(eventually(Duration::from_secs(2), || threads_named(
+            "ep-test-evict"
+        ) == 2));
         // a was accepted first, but its answer makes b the one waiting longest.
         assert_eq!(ask(&a, "a\n").unwrap(), "a\n");
         let c = TcpStream::connect(addr).unwrap();
