@@ -1,7 +1,8 @@
 //! A busy poll ends when a signal is pending for its thread: the worker (echo io, a fixed
 //! poll of one second) polls after a transaction; SIGUSR2, which the worker blocks as the
 //! backend blocks SIGTERM and SIGINT in every thread, is raised at its thread; the poll ends
-//! at once, counted as a signal exit, not a timeout.
+//! at once, counted as a signal exit, not a timeout (or, when another task took the CPU and
+//! ended the poll first, the next poll ends at once for the signal still pending).
 //!
 //! In a binary of its own: it blocks a signal for the threads it starts.
 
@@ -55,14 +56,26 @@ fn a_pending_signal_ends_a_busy_poll() {
     // SAFETY: signals a thread of this process with a signal it blocks.
     let r = unsafe { libc::syscall(libc::SYS_tgkill, pid, tid, libc::SIGUSR2) };
     assert_eq!(r, 0);
-    let t = Instant::now();
-    assert!(
+    // Within 800 ms of `t`, the poll ended for the signal.
+    let ended_for_it = |t: Instant| {
         testkit::eventually(Duration::from_millis(800), || {
             tx.busy_poll_exit_signal.get() > 0
-        }),
-        "the one-second poll did not end for the signal"
-    );
-    assert!(t.elapsed() < Duration::from_millis(800));
+        }) && t.elapsed() < Duration::from_millis(800)
+    };
+    let mut ended = ended_for_it(Instant::now());
+    if !ended && tx.busy_poll_exit_yield.get() > 0 {
+        // Another task wanted the CPU (a loaded machine): the poll ended for that before the
+        // signal came. The signal stays pending, so the next poll, after the next
+        // transaction, ends for it at once.
+        let entries = tx.busy_poll_entries.get();
+        let t = Instant::now();
+        assert_eq!(echo_round(&mut p, 1, 60).len(), 1);
+        assert!(testkit::eventually(Duration::from_secs(5), || {
+            tx.busy_poll_entries.get() > entries
+        }));
+        ended = ended_for_it(t);
+    }
+    assert!(ended, "the one-second poll did not end for the signal");
     assert_eq!(tx.busy_poll_timeouts.get(), 0);
     // The signal stays pending (nobody takes SIGUSR2): traffic still flows.
     assert_eq!(echo_round(&mut p, 4, 60).len(), 4);

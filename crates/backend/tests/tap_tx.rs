@@ -138,7 +138,13 @@ fn datagrams_arrive_whole_and_in_order(
     for (i, d) in got.iter().enumerate() {
         assert_eq!(d, &payload(i), "datagram {i} (out of order or changed)");
     }
-    let tx = b.device.reports()[1].counters.clone();
+    // The worker counts a frame once its write into the TAP returns, which may be after the
+    // socket received it.
+    let counted = || b.device.reports()[1].counters.clone();
+    testkit::eventually(Duration::from_secs(2), || {
+        counted().packets >= FRAMES as u64
+    });
+    let tx = counted();
     assert_eq!((tx.packets, tx.dropped), (FRAMES as u64, 0), "{tx:?}");
     Some(tx)
 }
