@@ -87,19 +87,39 @@ enum Popped {
     Dropped,
 }
 
+/// How many buffers a frame may take in a queue: several (at most this many) with MRG_RXBUF,
+/// else one. Read once for a batch of frames, not per frame.
+#[derive(Clone, Copy)]
+struct Merge {
+    mergeable: bool,
+    max_buffers: usize,
+}
+
+impl Merge {
+    fn of(rx: &QueueRuntime) -> Merge {
+        Merge {
+            mergeable: rx.features().contains(feature::MRG_RXBUF),
+            max_buffers: MAX_MERGED_BUFFERS.min(rx.size() as usize),
+        }
+    }
+}
+
 /// Pops chains of `rx` into `chains` from index `at` on until their writable bytes hold
 /// `need` (merged when MRG_RXBUF is negotiated, else one chain must). Inlined into its two
 /// callers: as a call, with the pop inlined into it, it cost 41 instructions a frame more.
 #[inline(always)]
 fn pop_for(
     rx: &mut QueueRuntime,
+    merge: Merge,
     chains: &mut Vec<Chain>,
     at: usize,
     need: u64,
     grown: &mut bool,
 ) -> Result<Popped, RingError> {
-    let mergeable = rx.features().contains(feature::MRG_RXBUF);
-    let max_buffers = MAX_MERGED_BUFFERS.min(rx.size() as usize);
+    let Merge {
+        mergeable,
+        max_buffers,
+    } = merge;
     let mut have = 0u64;
     let mut used = 0usize;
     let mut segments = 0usize;
@@ -113,16 +133,15 @@ fn pop_for(
         if chains.len() <= at + used {
             chains.push(Chain::new());
         }
-        if !rx.pop_into(&mut chains[at + used])? {
+        let c = &mut chains[at + used];
+        if !rx.pop_into(c)? {
             rx.undo_pop(used as u16);
             return Ok(Popped::NoRoom);
         }
-        if chains[at + used].writable_len() == 0 {
-            return Err(RingError::NoWritableBytes {
-                head: chains[at + used].head(),
-            });
+        let (len, n) = (c.writable_len(), c.segments().len());
+        if len == 0 {
+            return Err(RingError::NoWritableBytes { head: c.head() });
         }
-        let n = chains[at + used].segments().len();
         *grown |= n > KEEP_SEGMENTS;
         segments += n;
         if segments > MAX_FRAME_SEGMENTS {
@@ -131,7 +150,7 @@ fn pop_for(
             rx.counters().dropped.add(1);
             return Ok(Popped::Dropped);
         }
-        have += chains[at + used].writable_len();
+        have += len;
         used += 1;
         if !mergeable && have < need {
             // Without mergeable buffers a frame must fit one chain: drop the frame and leave
@@ -157,7 +176,7 @@ pub(super) fn deliver(
         rx.counters().filtered.add(1);
         return Ok(Delivery::Dropped);
     }
-    let used = match pop_for(rx, chains, 0, frame.len() as u64, grown)? {
+    let used = match pop_for(rx, Merge::of(rx), chains, 0, frame.len() as u64, grown)? {
         Popped::Fits(used) => used,
         Popped::NoRoom => return Ok(Delivery::NoRoom),
         Popped::Dropped => return Ok(Delivery::Dropped),
@@ -230,6 +249,7 @@ pub(super) fn deliver_pieces(
     let out = &mut out[..frames.len()];
     let hdr_len = rx.hdr_len();
     let guest_csum = rx.features().contains(feature::GUEST_CSUM);
+    let merge = Merge::of(rx);
     rx.prefetch_avail(frames.len());
     let mut next = 0;
     while next < frames.len() {
@@ -244,7 +264,7 @@ pub(super) fn deliver_pieces(
                 rx.counters().filtered.add(1);
                 Delivery::Dropped
             } else {
-                match pop_for(rx, chains, at, hdr_len as u64 + f.frame_len(), grown)? {
+                match pop_for(rx, merge, chains, at, hdr_len as u64 + f.frame_len(), grown)? {
                     Popped::Fits(used) => {
                         if let Some(s) = chains[at].writable().first() {
                             // No more lines than the frame writes: an owned line it does not

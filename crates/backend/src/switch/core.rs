@@ -156,6 +156,9 @@ impl SwitchCore {
         } = scratch;
         routes.clear();
         learns.clear();
+        // Whether `routes` is in order as pushed (frames in order; a repeated route keeps it
+        // so): then the sort before delivery is skipped.
+        let mut sorted = true;
         {
             let fdb = self.fdb.read();
             // The last frame forwarded from a source known on this port, where it went, and
@@ -210,7 +213,9 @@ impl SwitchCore {
                         }
                         _ => 0,
                     };
-                    routes.push((p.index() as u16, pair, k as u16));
+                    let r = (p.index() as u16, pair, k as u16);
+                    sorted &= routes.last().is_none_or(|l| *l < r);
+                    routes.push(r);
                 }
                 if last.is_some() && hash.is_none() && to.len() == 1 {
                     // One port, one pair whatever the flow: the same frames go there too.
@@ -223,7 +228,9 @@ impl SwitchCore {
         for l in learns.drain(..) {
             self.fdb.learn(l, now);
         }
-        routes.sort_unstable();
+        if !sorted {
+            routes.sort_unstable();
+        }
         for run in routes.chunk_by(|a, b| (a.0, a.1) == (b.0, b.1)) {
             let (port, pair) = (run[0].0 as usize, run[0].1 as usize);
             match &table.outs[port] {
