@@ -326,12 +326,27 @@ mod tests {
         Above(copy)
     }
 
-    fn listener(tag: &str) -> (std::path::PathBuf, UnixListener) {
+    /// A directory of the test's, removed on drop (a failed test's too).
+    struct Dir(std::path::PathBuf);
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+    impl std::ops::Deref for Dir {
+        type Target = std::path::Path;
+        fn deref(&self) -> &std::path::Path {
+            &self.0
+        }
+    }
+
+    /// A listener on `l.sock` in a directory of its own.
+    fn listener(tag: &str) -> (Dir, UnixListener) {
         let dir = std::env::temp_dir().join(format!("virtnet-act-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let l = UnixListener::bind(dir.join("l.sock")).unwrap();
-        (dir, l)
+        (Dir(dir), l)
     }
 
     #[test]
@@ -346,8 +361,7 @@ mod tests {
         assert_eq!(flags & libc::FD_CLOEXEC, libc::FD_CLOEXEC);
         let _c = std::os::unix::net::UnixStream::connect(dir.join("l.sock")).unwrap();
         adopted.accept().unwrap();
-        drop((adopted, fd, l));
-        let _ = std::fs::remove_dir_all(&dir);
+        drop((adopted, fd, l, dir));
     }
 
     #[test]
@@ -357,8 +371,7 @@ mod tests {
         let e = adopt_passed(fd.0, &passed(2)).expect_err("refused");
         let want = format!("LISTEN_FDS=2, but descriptor {} is not open", fd.0 + 1);
         assert!(e.to_string().contains(&want), "{e}");
-        drop((fd, l));
-        let _ = std::fs::remove_dir_all(&dir);
+        drop((fd, l, dir));
     }
 
     #[test]
