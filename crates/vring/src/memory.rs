@@ -110,7 +110,15 @@ impl GuestMemory {
     fn find(&self, addr: GuestAddress, len: u64) -> Option<(&Region, usize)> {
         // Few regions (QEMU sends 1-3): a linear scan beats a binary search. Hotplugged
         // memory can bring hundreds (MAX_REGIONS), sorted by guest address.
-        let r = if self.regions.len() <= LINEAR_LOOKUP {
+        let r = if let [r] = &self.regions[..] {
+            // One region (DPDK's virtio-user without hugepages, as testpmd's guests here; a
+            // guest whose RAM is one piece): no loop, 24 instructions a frame fewer in the
+            // switch's bench (callgrind).
+            if addr.0.wrapping_sub(r.guest) >= r.len {
+                return None;
+            }
+            r
+        } else if self.regions.len() <= LINEAR_LOOKUP {
             self.regions
                 .iter()
                 .find(|r| addr.0.wrapping_sub(r.guest) < r.len)?
