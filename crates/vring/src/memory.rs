@@ -191,8 +191,11 @@ impl GuestMemory {
             use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
             let start = r.host.as_ptr().wrapping_add(off);
             let skew = start as usize % 64;
-            for line in (0..len + skew).step_by(64) {
-                let p = start.wrapping_sub(skew).wrapping_add(line) as *const i8;
+            let mut line = start.wrapping_sub(skew);
+            let end = start.wrapping_add(len);
+            while line < end {
+                let p = line as *const i8;
+                line = line.wrapping_add(64);
                 if WRITE {
                     // `_mm_prefetch::<_MM_HINT_ET0>` compiles to PREFETCHT0, a read prefetch,
                     // unless the whole build enables the `prfchw` target feature: hence asm.
