@@ -6,11 +6,16 @@
 #       learning, one worker
 #   B = DPDK testpmd with two net_vhost ports and io forwarding (no lookup at all)
 #   with --bridge, also C = two `virtnet backend --tap` whose TAPs are ports of a Linux bridge
+#   with --null BIN, also N = our device with the data work taken out: BIN is virtnet built
+#       by scripts/ab/descriptors-only.sh (each frame's descriptors popped and completed, a
+#       header written, no byte of a frame read, classified or copied), run in that variant
+#       throughout: the forwarder that does nothing else, which bounds what the guests take
 # The rate is the frames both guest ports receive per second, measured by testpmd over
 # --seconds after two of ramp-up. A/B/A/B in one run. The switch (or B's forwarder) on CPU 0,
 # the guests' forwarder on CPU 1.
 #
 # Usage: scripts/switch-compare.sh [--rounds N] [--seconds S] [--sizes "64 1500"] [--bridge]
+#        [--null BIN]
 # SWITCH_CPUS (default 0) gives the switch's --cpus: 0,1 runs two workers, one sharing the
 # guests' CPU.
 # Needs root and dpdk-dev (installed when missing). Prints a Markdown table.
@@ -20,12 +25,14 @@ rounds=2
 seconds=6
 sizes="64 1500"
 bridge=
+null=
 while [ $# -gt 0 ]; do
   case "$1" in
     --rounds) rounds=$2; shift 2 ;;
     --seconds) seconds=$2; shift 2 ;;
     --sizes) sizes=$2; shift 2 ;;
     --bridge) bridge=1; shift ;;
+    --null) null=$2; shift 2 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -56,6 +63,15 @@ switch_testpmd() { # log
     --vdev "net_vhost0,iface=$work/a.sock,queues=1" \
     --vdev "net_vhost1,iface=$work/b.sock,queues=1" -- --forward-mode=io \
     --stats-period 1 >"$1" 2>&1 &
+  pids+=($!)
+}
+
+# The descriptors-only build, in its variant B from the start (VIRTNET_AB_START) and for good;
+# no sandbox: the `ab` feature's reporting thread starts after it would be in place.
+switch_null() { # log
+  VIRTNET_AB_START=1 VIRTNET_AB_MS=1000000000 taskset -c 0 "$null" switch --sandbox off \
+    --cpus 0 --port "name=a,socket=$work/a.sock,spoof-check=off" \
+    --port "name=b,socket=$work/b.sock,spoof-check=off" >"$1" 2>&1 &
   pids+=($!)
 }
 
@@ -112,20 +128,25 @@ run() { # which size -> Mpps received by both guest ports
 }
 
 
-echo "| frames | virtnet switch Mpps: median (each run) | testpmd vhost io fwd Mpps: median (each run) | ratio of medians | of bests | of worsts |${bridge:+ two backends on a bridge Mpps | switch / bridge |}"
-echo "|---|---|---|---|---|---|${bridge:+---|---|}"
+echo "| frames | virtnet switch Mpps: median (each run) | testpmd vhost io fwd Mpps: median (each run) | ratio of medians | of bests | of worsts |${bridge:+ two backends on a bridge Mpps | switch / bridge |}${null:+ descriptors only Mpps | switch / descriptors only | testpmd / descriptors only |}"
+echo "|---|---|---|---|---|---|${bridge:+---|---|}${null:+---|---|---|}"
 for size in $sizes; do
-  a=(); b=(); c=()
+  a=(); b=(); c=(); d=()
   for _ in $(seq "$rounds"); do
     a+=("$(run virtnet "$size")")
     b+=("$(run testpmd "$size")")
     [ -n "$bridge" ] && c+=("$(run bridge "$size")")
+    [ -n "$null" ] && d+=("$(run null "$size")")
   done
   ma=$(pick median "${a[@]}"); mb=$(pick median "${b[@]}")
   extra=
   if [ -n "$bridge" ]; then
     mc=$(pick median "${c[@]}")
     extra=" $mc (${c[*]}) | $(ratio "$ma" "$mc") |"
+  fi
+  if [ -n "$null" ]; then
+    md=$(pick median "${d[@]}")
+    extra+=" $md (${d[*]}) | $(ratio "$ma" "$md") | $(ratio "$mb" "$md") |"
   fi
   echo "| $size B | $ma (${a[*]}) | $mb (${b[*]}) | $(ratio "$ma" "$mb") |" \
     "$(ratio "$(pick max "${a[@]}")" "$(pick max "${b[@]}")") |" \

@@ -7,7 +7,9 @@
 //! and the workers report the frames of each turn to [`count`]. A thread flips the variant
 //! every `VIRTNET_AB_MS` milliseconds (100 by default) and prints, for each period, `AB
 //! <variant> <Mpps>` to stderr: neighbouring periods of the two variants see the same level
-//! of the machine, and the ratio of each pair of them is the change's, paired. Without the
+//! of the machine, and the ratio of each pair of them is the change's, paired. With
+//! `VIRTNET_AB_START=1` the first period is B's (with a period longer than the run, B alone:
+//! `scripts/ab/descriptors-only.sh` runs so). Without the
 //! feature, [`b`] is a constant false and [`count`] does nothing: the shipped build pays
 //! nothing for the hooks.
 
@@ -31,6 +33,9 @@ mod on {
             return;
         }
         START.call_once(|| {
+            if std::env::var("VIRTNET_AB_START").is_ok_and(|v| v == "1") {
+                VARIANT.store(true, Relaxed);
+            }
             std::thread::spawn(flip);
         });
         FRAMES.fetch_add(frames as u64, Relaxed);
