@@ -102,6 +102,13 @@ impl QueueRuntime {
         self.queue.prefetch_avail(n.min(u16::MAX as usize) as u16)
     }
 
+    /// Asks for the used ring's lines of the next `n` used elements, for writing
+    /// ([`vring::DeviceQueue::prefetch_used`]).
+    #[inline]
+    pub fn prefetch_used(&self, n: usize) {
+        self.queue.prefetch_used(n.min(u16::MAX as usize) as u16)
+    }
+
     /// Hands back the last `count` chains popped and not used, to be popped again.
     #[inline]
     pub fn undo_pop(&mut self, count: u16) {

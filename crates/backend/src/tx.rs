@@ -295,6 +295,8 @@ impl TxPath {
             let mut popped = 0;
             let mut pop_error = None;
             tx.prefetch_avail(want);
+            // The element the batch's frames complete into (one with IN_ORDER).
+            tx.prefetch_used(1);
             while popped < want {
                 match tx.pop_into(&mut self.chains[popped]) {
                     Ok(true) => popped += 1,

@@ -284,6 +284,24 @@ impl GuestMemory {
     }
 }
 
+/// Hints the CPU to fetch the cache line holding `v` for writing (PREFETCHW, as
+/// [`GuestMemory::prefetch_write`]): a ring line the device is about to store into, which the
+/// driver's CPU last read. Does nothing off x86-64.
+#[inline(always)]
+pub(crate) fn prefetch_value_for_write<T>(v: &T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch is a hint that never faults nor changes memory.
+    unsafe {
+        std::arch::asm!(
+            "prefetchw [{}]",
+            in(reg) v as *const T,
+            options(nostack, preserves_flags, readonly)
+        )
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = v;
+}
+
 /// Hints the CPU to fetch the cache line holding `v` for reading (the ring's own prefetches:
 /// a descriptor the driver's CPU last wrote). Does nothing off x86-64.
 #[inline(always)]

@@ -245,6 +245,14 @@ impl Rings {
             u32::from_le(e[i + 1].load(Relaxed)),
         )
     }
+    /// Asks for the cache line of used element `slot`, for writing; a slot out of the ring does
+    /// nothing.
+    #[inline(always)]
+    pub fn prefetch_used_elem(&self, slot: u16) {
+        if let Some(e) = self.used_elems.as_slice().get(slot as usize * 2) {
+            crate::memory::prefetch_value_for_write(e);
+        }
+    }
     #[inline(always)]
     pub fn set_used_elem(&self, slot: u16, id: u32, len: u32) {
         let e = self.used_elems.as_slice();
