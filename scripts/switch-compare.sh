@@ -52,10 +52,11 @@ cleanup() {
 }
 trap cleanup EXIT
 
-switch_virtnet() { # log
+switch_virtnet() { # log [more options of virtnet switch]
+  local log=$1; shift
   taskset -c "${SWITCH_CPUS:-0}" "$virtnet" switch --cpus "${SWITCH_CPUS:-0}" \
     --port "name=a,socket=$work/a.sock,spoof-check=off" \
-    --port "name=b,socket=$work/b.sock,spoof-check=off" >"$1" 2>&1 &
+    --port "name=b,socket=$work/b.sock,spoof-check=off" "$@" >"$log" 2>&1 &
   pids+=($!)
 }
 switch_testpmd() { # log
@@ -69,10 +70,8 @@ switch_testpmd() { # log
 # The descriptors-only build, in its variant B from the start (VIRTNET_AB_START) and for good;
 # no sandbox: the `ab` feature's reporting thread starts after it would be in place.
 switch_null() { # log
-  VIRTNET_AB_START=1 VIRTNET_AB_MS=1000000000 taskset -c 0 "$null" switch --sandbox off \
-    --cpus 0 --port "name=a,socket=$work/a.sock,spoof-check=off" \
-    --port "name=b,socket=$work/b.sock,spoof-check=off" >"$1" 2>&1 &
-  pids+=($!)
+  VIRTNET_AB_START=1 VIRTNET_AB_MS=1000000000 virtnet=$null SWITCH_CPUS=0 \
+    switch_virtnet "$1" --sandbox off
 }
 
 # Two backends on TAPs in a bridge, their workers on CPU 0 (the last pid is the second's).

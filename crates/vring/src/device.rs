@@ -311,9 +311,11 @@ impl DeviceQueue {
 
     /// Asks for the used ring's lines that the next `n` used elements go into, for writing: the
     /// driver's CPU last read them, and their transfers then overlap the work before the stores
-    /// instead of the stores waiting for them. A hint; it changes nothing.
+    /// instead of the stores waiting for them. A hint; it changes nothing. More than the ring
+    /// holds asks for each of its lines once.
     #[inline]
     pub fn prefetch_used(&self, n: u16) {
+        let n = n.min(self.config.size());
         if n == 0 {
             return;
         }

@@ -197,16 +197,7 @@ impl GuestMemory {
                 let p = line as *const i8;
                 line = line.wrapping_add(64);
                 if WRITE {
-                    // `_mm_prefetch::<_MM_HINT_ET0>` compiles to PREFETCHT0, a read prefetch,
-                    // unless the whole build enables the `prfchw` target feature: hence asm.
-                    // SAFETY: a prefetch is a hint that never faults nor changes memory.
-                    unsafe {
-                        std::arch::asm!(
-                            "prefetchw [{}]",
-                            in(reg) p,
-                            options(nostack, preserves_flags, readonly)
-                        )
-                    }
+                    prefetchw(p);
                 } else {
                     // SAFETY: as above.
                     unsafe { _mm_prefetch::<_MM_HINT_T0>(p) }
@@ -284,22 +275,30 @@ impl GuestMemory {
     }
 }
 
-/// Hints the CPU to fetch the cache line holding `v` for writing (PREFETCHW, as
+/// Hints the CPU to fetch the cache line holding `v` for writing (as
 /// [`GuestMemory::prefetch_write`]): a ring line the device is about to store into, which the
 /// driver's CPU last read. Does nothing off x86-64.
 #[inline(always)]
 pub(crate) fn prefetch_value_for_write<T>(v: &T) {
     #[cfg(target_arch = "x86_64")]
-    // SAFETY: a prefetch is a hint that never faults nor changes memory.
+    prefetchw(v as *const T as *const i8);
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = v;
+}
+
+/// PREFETCHW of the line holding `p`. `_mm_prefetch::<_MM_HINT_ET0>` compiles to PREFETCHT0,
+/// a read prefetch, unless the whole build enables the `prfchw` target feature: hence asm.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn prefetchw(p: *const i8) {
+    // SAFETY: a prefetch is a hint that never faults nor changes memory, whatever `p` is.
     unsafe {
         std::arch::asm!(
             "prefetchw [{}]",
-            in(reg) v as *const T,
+            in(reg) p,
             options(nostack, preserves_flags, readonly)
         )
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = v;
 }
 
 /// Hints the CPU to fetch the cache line holding `v` for reading (the ring's own prefetches:
