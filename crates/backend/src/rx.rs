@@ -1062,6 +1062,62 @@ mod tests {
         assert_eq!(log.take_dirty(), [page(7), page(8)]);
     }
 
+    /// A header that ends its cache line (DPDK's mbufs) is compared with what the buffer holds
+    /// and left when the same: whether the buffer held a stale header, the one it gets, or
+    /// garbage, each frame lands with its own header, byte for byte.
+    #[test]
+    fn a_header_at_the_end_of_its_line_lands_whatever_the_buffer_held() {
+        let (mut rx, mut driver, mem) = rx_path(MRG);
+        // The header in the last 12 bytes of a line, the frame from the next.
+        let at = |slot: u64| vring::GuestAddress(Pair::buf(slot, 0).addr.0 + 128 - 12);
+        assert_eq!(at(0).0 % 64, 52);
+        let f = frame(64);
+        let hdr = vnet::NetHdr {
+            flags: 2, // DATA_VALID, zero for this guest
+            ..Default::default()
+        };
+        let mut want = hdr;
+        want.flags = 0;
+        want.num_buffers = 1;
+        let stale = vnet::NetHdr {
+            flags: 1,
+            gso_type: 1,
+            hdr_len: 54,
+            gso_size: 1448,
+            csum_start: 34,
+            csum_offset: 16,
+            num_buffers: 7,
+        };
+        mem.write(at(0), &stale.to_bytes()).unwrap();
+        mem.write(at(1), &want.to_bytes()).unwrap();
+        mem.write(at(2), &[0xa5; 76]).unwrap();
+        for slot in 0..3 {
+            driver
+                .add(&[], &[vring::Buf::new(at(slot), 2048 - 128)], slot as u32)
+                .unwrap();
+        }
+        let piece = Pieces {
+            hdr,
+            prefix: &f[..],
+            rest: None,
+        };
+        let mut out = [Delivery::NoRoom; 3];
+        rx.deliver_pieces(&shared(), &[&piece; 3], &mut out)
+            .unwrap();
+        assert_eq!(out, [Delivery::Delivered; 3]);
+        rx.queue.as_mut().unwrap().flush();
+        assert_eq!(used(&mut driver), [(0, 76), (1, 76), (2, 76)]);
+        let landed = [&want.to_bytes()[..], &f[..]].concat();
+        for (slot, held) in ["a stale header", "the same header", "garbage"]
+            .iter()
+            .enumerate()
+        {
+            let mut got = vec![0u8; landed.len()];
+            mem.read(at(slot as u64), &mut got).unwrap();
+            assert_eq!(got, landed, "the buffer held {held}");
+        }
+    }
+
     /// Frames in pieces (a header, the first 64 bytes, the rest in another guest's memory
     /// split over two segments) land byte for byte whatever the buffers' shape: one buffer,
     /// a chain whose first segment holds the header and first bytes and whose second the rest,

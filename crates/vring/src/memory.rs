@@ -24,6 +24,10 @@ pub const MAX_REGIONS: usize = 509;
 /// Up to this many regions, translation scans them in order; above, it searches.
 const LINEAR_LOOKUP: usize = 8;
 
+/// The CPU's cache line, as the prefetches walk memory and [`GuestMemory::update_array_then`]
+/// tells a head alone at the end of its line (x86-64's, and most Arm cores').
+const LINE: usize = 64;
+
 /// An address in the guest's physical address space: what descriptors and ring addresses hold.
 /// It is not a host pointer; only [`GuestMemory`] turns it into one, after checking it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -181,31 +185,29 @@ impl GuestMemory {
         self.prefetch::<false>(addr, len)
     }
 
+    /// Prefetches `[addr, addr + len)` for [`GuestMemory::update_array_then`] with an
+    /// `n`-byte head: as [`GuestMemory::prefetch_write`], but the head's line for reading when
+    /// the head ends it. Owned, that line would leave the peer's cache whether or not the head
+    /// is stored.
     #[inline]
-    fn prefetch<const WRITE: bool>(&self, addr: GuestAddress, len: usize) {
+    pub fn prefetch_update(&self, addr: GuestAddress, n: usize, len: usize) {
         let Some((r, off)) = self.find(addr, len as u64) else {
             return;
         };
-        #[cfg(target_arch = "x86_64")]
-        {
-            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-            let start = r.host.as_ptr().wrapping_add(off);
-            let skew = start as usize % 64;
-            let mut line = start.wrapping_sub(skew);
-            let end = start.wrapping_add(len);
-            while line < end {
-                let p = line as *const i8;
-                line = line.wrapping_add(64);
-                if WRITE {
-                    prefetchw(p);
-                } else {
-                    // SAFETY: as above.
-                    unsafe { _mm_prefetch::<_MM_HINT_T0>(p) }
-                }
-            }
+        let start = r.host.as_ptr().wrapping_add(off);
+        if n < len && head_ends_line(start, n) {
+            prefetch_lines::<false>(start, n);
+            prefetch_lines::<true>(start.wrapping_add(n), len - n);
+        } else {
+            prefetch_lines::<true>(start, len);
         }
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = (r, off);
+    }
+
+    #[inline]
+    fn prefetch<const WRITE: bool>(&self, addr: GuestAddress, len: usize) {
+        if let Some((r, off)) = self.find(addr, len as u64) {
+            prefetch_lines::<WRITE>(r.host.as_ptr().wrapping_add(off), len);
+        }
     }
 
     /// Copies `len` bytes at `src` of this memory to `dst` of `to` (another guest's memory, or
@@ -256,18 +258,35 @@ impl GuestMemory {
 
     /// Stores `head` (out of registers, as [`GuestMemory::write_array`]) and then `buf` right
     /// after it, at `addr`: a frame's header and first bytes into one buffer, translated once.
+    ///
+    /// A head that ends its cache line is first compared with what the memory holds, and left
+    /// unwritten when the same (as [`crate::DeviceQueue`]'s rings leave a descriptor or avail
+    /// entry that holds its value). That is a receive header in a buffer the driver recycles:
+    /// DPDK's virtio PMD receives into mbufs whose headroom still holds the header of the last
+    /// frame they carried (its transmit leaves fields that hold their value unwritten too),
+    /// and the header ends the line at which the frame's 128-byte-aligned data starts. The
+    /// line then stays in the driver's cache, where its receive reads the header next,
+    /// instead of going over to the device's and back. The memory ends up holding the same
+    /// bytes either way (a peer that writes them meanwhile sees its own bytes, as it would
+    /// after a store).
     #[inline]
-    pub fn write_array_then<const N: usize>(
+    pub fn update_array_then<const N: usize>(
         &self,
         addr: GuestAddress,
         head: [u8; N],
         buf: &[u8],
     ) -> Result<(), Error> {
         let span = self.host_span(addr, N + buf.len())?;
+        let at = span.ptr.cast::<[u8; N]>();
         // SAFETY: `host_span` checked that the N + buf.len() bytes lie inside a live mapping of
-        // `self`; the store is unaligned. The peer may read or write them concurrently, as
-        // with `write`.
-        unsafe { std::ptr::write_unaligned(span.ptr.cast::<[u8; N]>(), head) };
+        // `self`; the load and the store are unaligned. The peer may read or write them
+        // concurrently, as with `read` and `write`: what the load sees only decides whether
+        // to store.
+        let same = head_ends_line(span.ptr, N) && unsafe { std::ptr::read_unaligned(at) } == head;
+        if !same {
+            // SAFETY: as above.
+            unsafe { std::ptr::write_unaligned(at, head) };
+        }
         // SAFETY: the rest of the span checked above; `buf` is a Rust allocation, never guest
         // memory, so it does not overlap it.
         unsafe { std::ptr::copy_nonoverlapping(buf.as_ptr(), span.ptr.wrapping_add(N), buf.len()) };
@@ -284,6 +303,37 @@ pub(crate) fn prefetch_value_for_write<T>(v: &T) {
     prefetchw(v as *const T as *const i8);
     #[cfg(not(target_arch = "x86_64"))]
     let _ = v;
+}
+
+/// Whether `n` bytes at `p` end a cache line (and do not fill it).
+#[inline(always)]
+fn head_ends_line(p: *const u8, n: usize) -> bool {
+    n < LINE && (p as usize).wrapping_add(n).is_multiple_of(LINE)
+}
+
+/// Prefetches the lines of `[start, start + len)`, for writing or reading. A hint: it
+/// dereferences nothing, whatever the pointer.
+#[inline(always)]
+fn prefetch_lines<const WRITE: bool>(start: *const u8, len: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        let skew = start as usize % LINE;
+        let mut line = start.wrapping_sub(skew);
+        let end = start.wrapping_add(len);
+        while line < end {
+            let p = line as *const i8;
+            line = line.wrapping_add(LINE);
+            if WRITE {
+                prefetchw(p);
+            } else {
+                // SAFETY: a prefetch is a hint that never faults nor changes memory.
+                unsafe { _mm_prefetch::<_MM_HINT_T0>(p) }
+            }
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (start, len);
 }
 
 /// PREFETCHW of the line holding `p`. `_mm_prefetch::<_MM_HINT_ET0>` compiles to PREFETCHT0,
@@ -348,20 +398,52 @@ mod tests {
     fn an_array_then_a_slice_go_in_one_after_the_other_inside_one_region_only() {
         let mem = GuestMemory::anonymous(&[(GuestAddress(0), 4096), (GuestAddress(0x10000), 4096)])
             .unwrap();
-        mem.write_array_then(GuestAddress(4090), *b"ab", b"cdef")
+        mem.update_array_then(GuestAddress(4090), *b"ab", b"cdef")
             .unwrap();
         let mut back = [0u8; 6];
         mem.read(GuestAddress(4090), &mut back).unwrap();
         assert_eq!(&back, b"abcdef");
         // One byte past the region's end, or a slice that would: refused, nothing written.
         assert!(mem
-            .write_array_then(GuestAddress(4091), *b"xy", b"zzzz")
+            .update_array_then(GuestAddress(4091), *b"xy", b"zzzz")
             .is_err());
         assert!(mem
-            .write_array_then(GuestAddress(4095), *b"xy", b"")
+            .update_array_then(GuestAddress(4095), *b"xy", b"")
             .is_err());
         mem.read(GuestAddress(4090), &mut back).unwrap();
         assert_eq!(&back, b"abcdef");
+    }
+
+    /// A head that ends its cache line and is there already is not stored: its page made
+    /// read-only, the update goes through (a store would fault) and writes the bytes after it
+    /// on the next page. A different head there is stored, and so are the bytes of a head
+    /// that does not end its line.
+    #[test]
+    fn a_head_at_the_end_of_its_line_that_is_there_already_is_not_stored() {
+        let mem = GuestMemory::anonymous(&[(GuestAddress(0), 8192)]).unwrap();
+        let head = *b"header:12byt";
+        mem.write(GuestAddress(4096 - 12), &head).unwrap();
+        let page = mem.host_span(GuestAddress(0), 4096).unwrap().ptr;
+        // SAFETY: the first page of the anonymous mapping `mem` owns; made writable again
+        // below, before anything else stores into it.
+        let protect = |prot| unsafe { libc::mprotect(page.cast(), 4096, prot) };
+        assert_eq!(protect(libc::PROT_READ), 0);
+        mem.update_array_then(GuestAddress(4096 - 12), head, b"then")
+            .unwrap();
+        assert_eq!(protect(libc::PROT_READ | libc::PROT_WRITE), 0);
+        let mut back = [0u8; 16];
+        mem.read(GuestAddress(4096 - 12), &mut back).unwrap();
+        assert_eq!(&back, b"header:12bytthen");
+
+        mem.update_array_then(GuestAddress(4096 - 12), *b"another head", b"")
+            .unwrap();
+        mem.read(GuestAddress(4096 - 12), &mut back).unwrap();
+        assert_eq!(&back, b"another headthen");
+        mem.write(GuestAddress(100), b"0123456789ab").unwrap();
+        mem.update_array_then(GuestAddress(100), *b"0123456789ab", b"!")
+            .unwrap();
+        mem.read(GuestAddress(100), &mut back[..13]).unwrap();
+        assert_eq!(&back[..13], b"0123456789ab!");
     }
 
     #[test]
