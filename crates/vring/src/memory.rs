@@ -195,7 +195,7 @@ impl GuestMemory {
             return;
         };
         let start = r.host.as_ptr().wrapping_add(off);
-        if n < len && head_ends_line(start, n) {
+        if n <= len && head_ends_line(start, n) {
             prefetch_lines::<false>(start, n);
             prefetch_lines::<true>(start.wrapping_add(n), len - n);
         } else {
