@@ -6,10 +6,9 @@
 #       learning, one worker
 #   B = DPDK testpmd with two net_vhost ports and io forwarding (no lookup at all)
 #   with --bridge, also C = two `virtnet backend --tap` whose TAPs are ports of a Linux bridge
-#   with --null BIN, also N = our device with the data work taken out: BIN is virtnet built
-#       by scripts/ab/descriptors-only.sh (each frame's descriptors popped and completed, a
-#       header written, no byte of a frame read, classified or copied), run in that variant
-#       throughout: the forwarder that does nothing else, which bounds what the guests take
+#   with --null BIN, also N = a forwarder that does nothing else: BIN is virtnet built by
+#       scripts/ab/forwarder.sh (descriptors-only: the switch's ring path with no data work;
+#       raw: the least two split rings need), run in its variant B throughout
 # The rate is the frames both guest ports receive per second, measured by testpmd over
 # --seconds after two of ramp-up. A/B/A/B in one run. The switch (or B's forwarder) on CPU 0,
 # the guests' forwarder on CPU 1.
@@ -67,7 +66,7 @@ switch_testpmd() { # log
   pids+=($!)
 }
 
-# The descriptors-only build, in its variant B from the start (VIRTNET_AB_START) and for good;
+# The forwarder's build (scripts/ab/forwarder.sh), in its variant B from the start (VIRTNET_AB_START) and for good;
 # no sandbox: the `ab` feature's reporting thread starts after it would be in place.
 switch_null() { # log
   VIRTNET_AB_START=1 VIRTNET_AB_MS=1000000000 virtnet=$null SWITCH_CPUS=0 \
@@ -127,7 +126,7 @@ run() { # which size -> Mpps received by both guest ports
 }
 
 
-echo "| frames | virtnet switch Mpps: median (each run) | testpmd vhost io fwd Mpps: median (each run) | ratio of medians | of bests | of worsts |${bridge:+ two backends on a bridge Mpps | switch / bridge |}${null:+ descriptors only Mpps | switch / descriptors only | testpmd / descriptors only |}"
+echo "| frames | virtnet switch Mpps: median (each run) | testpmd vhost io fwd Mpps: median (each run) | ratio of medians | of bests | of worsts |${bridge:+ two backends on a bridge Mpps | switch / bridge |}${null:+ forwarder N Mpps | switch / N | testpmd / N |}"
 echo "|---|---|---|---|---|---|${bridge:+---|---|}${null:+---|---|---|}"
 for size in $sizes; do
   a=(); b=(); c=(); d=()

@@ -9,7 +9,7 @@
 //! <variant> <Mpps>` to stderr: neighbouring periods of the two variants see the same level
 //! of the machine, and the ratio of each pair of them is the change's, paired. With
 //! `VIRTNET_AB_START=1` the first period is B's (with a period longer than the run, B alone:
-//! `scripts/ab/descriptors-only.sh` runs so). Without the
+//! `scripts/ab/forwarder.sh` runs so). Without the
 //! feature, [`b`] is a constant false and [`count`] does nothing: the shipped build pays
 //! nothing for the hooks.
 
