@@ -343,7 +343,7 @@ impl DeviceQueue {
 
     /// Writes a used element for chain `head` with `len` bytes written into its writable
     /// part. `used.idx` is published when the batch is full, or by [`DeviceQueue::flush`].
-    /// Inlined into each caller, the publish out of line ([`DeviceQueue::flush_full`]): as a
+    /// Inlined into each caller, the publish out of line (`flush_full`): as a
     /// call, a frame's two adds (one on each side of the switch) cost 30 instructions more,
     /// a third of it the call's register saves (callgrind, the switch's bench).
     #[inline(always)]

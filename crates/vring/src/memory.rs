@@ -4,7 +4,7 @@
 //! This is the only module of the crate with `unsafe`. It hands out atomics over checked,
 //! aligned, mapped addresses, copies payload bytes, and does vectored I/O between payload bytes
 //! and a file descriptor; everything above it is safe code, and no raw pointer into guest memory
-//! leaves this module. The mappings themselves are made by `vm-memory`'s [`MmapRegion`].
+//! leaves this module. The mappings themselves are made by `vm-memory`'s `MmapRegion`.
 //!
 //! Every byte behind these mappings may be written by the peer at any moment, so the rings are
 //! only ever accessed through atomics, and payload bytes only by copying them out or in (here,
@@ -260,8 +260,8 @@ impl GuestMemory {
     /// after it, at `addr`: a frame's header and first bytes into one buffer, translated once.
     ///
     /// A head that ends its cache line is first compared with what the memory holds, and left
-    /// unwritten when the same (as [`crate::DeviceQueue`]'s rings leave a descriptor or avail
-    /// entry that holds its value). That is a receive header in a buffer the driver recycles:
+    /// unwritten when the same (as [`crate::DriverQueue`] leaves a descriptor or avail entry
+    /// that holds its value). That is a receive header in a buffer the driver recycles:
     /// DPDK's virtio PMD receives into mbufs whose headroom still holds the header of the last
     /// frame they carried (its transmit leaves fields that hold their value unwritten too),
     /// and the header ends the line at which the frame's 128-byte-aligned data starts. The

@@ -333,7 +333,7 @@ fn write_pieces(
         // written with one translation of its address (120 instructions fewer a frame at
         // 64 B than through the writer: callgrind, the switch's bench). A header alone at
         // the end of its line that the buffer already holds is not stored again: the line
-        // stays in the guest's cache (DPDK's recycled mbufs; 9-16% more frames between
+        // stays in the guest's cache (DPDK's recycled mbufs; 6-15% more frames between
         // testpmd's guests, paired, AMD EPYC family 25 model 1).
         let writable = c.writable();
         let near = vnet::HDR_LEN + f.prefix.len();
