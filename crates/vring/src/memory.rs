@@ -317,7 +317,6 @@ fn head_ends_line(p: *const u8, n: usize) -> bool {
 fn prefetch_lines<const WRITE: bool>(start: *const u8, len: usize) {
     #[cfg(target_arch = "x86_64")]
     {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
         let skew = start as usize % LINE;
         let mut line = start.wrapping_sub(skew);
         let end = start.wrapping_add(len);
@@ -327,13 +326,21 @@ fn prefetch_lines<const WRITE: bool>(start: *const u8, len: usize) {
             if WRITE {
                 prefetchw(p);
             } else {
-                // SAFETY: a prefetch is a hint that never faults nor changes memory.
-                unsafe { _mm_prefetch::<_MM_HINT_T0>(p) }
+                prefetchr(p);
             }
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = (start, len);
+}
+
+/// PREFETCHT0 of the line holding `p`: for reading, into every cache level.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn prefetchr(p: *const i8) {
+    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+    // SAFETY: a prefetch is a hint that never faults nor changes memory, whatever `p` is.
+    unsafe { _mm_prefetch::<_MM_HINT_T0>(p) }
 }
 
 /// PREFETCHW of the line holding `p`. `_mm_prefetch::<_MM_HINT_ET0>` compiles to PREFETCHT0,
@@ -356,11 +363,7 @@ fn prefetchw(p: *const i8) {
 #[inline(always)]
 pub(crate) fn prefetch_value<T>(v: &T) {
     #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-        // SAFETY: a prefetch is a hint that never faults nor changes memory.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(v as *const T as *const i8) }
-    }
+    prefetchr(v as *const T as *const i8);
     #[cfg(not(target_arch = "x86_64"))]
     let _ = v;
 }
