@@ -12,6 +12,15 @@ need_testpmd() {
   }
 }
 
+# Stops the processes given: SIGINT (testpmd's clean exit) and SIGTERM, a second's grace, then
+# SIGKILL for any that are left.
+stop_all() { # pids...
+  local p
+  for p in "$@"; do kill -INT "$p" 2>/dev/null || true; kill -TERM "$p" 2>/dev/null || true; done
+  sleep 1
+  for p in "$@"; do kill -KILL "$p" 2>/dev/null || true; done
+}
+
 # The rates of one pair jump between two or three levels from run to run and even within a
 # run (on AMD EPYC vCPUs by up to 3x, for DPDK's device as for ours), so besides the ratio of
 # the medians the tables give the ratio of the best runs and of the worst runs: each compares

@@ -31,9 +31,7 @@ need_testpmd
 work=$(mktemp -d /tmp/vnt-dpdk-XXXX)
 pids=()
 cleanup() {
-  for p in "${pids[@]:-}"; do kill -INT "$p" 2>/dev/null || true; kill -TERM "$p" 2>/dev/null || true; done
-  sleep 1
-  for p in "${pids[@]:-}"; do kill -KILL "$p" 2>/dev/null || true; done
+  stop_all "${pids[@]:-}"
   [ -n "${KEEP_LOGS:-}" ] && cp -r "$work" /tmp/vnt-dpdk-logs
   rm -rf "$work" /var/run/dpdk/vnt-*
 }

@@ -42,9 +42,7 @@ need_testpmd
 work=$(mktemp -d /tmp/vnt-sw-XXXX)
 pids=()
 cleanup() {
-  for p in "${pids[@]:-}"; do kill -INT "$p" 2>/dev/null || true; kill -TERM "$p" 2>/dev/null || true; done
-  sleep 1
-  for p in "${pids[@]:-}"; do kill -KILL "$p" 2>/dev/null || true; done
+  stop_all "${pids[@]:-}"
   [ -n "${KEEP_LOGS:-}" ] && cp -r "$work" /tmp/vnt-sw-logs
   for l in vnswbr vnswa vnswb; do ip link del "$l" 2>/dev/null || true; done
   rm -rf "$work" /var/run/dpdk/vnt-*
