@@ -59,7 +59,11 @@ driver_testpmd() { # mode size sock log
 # Median of the per-second rates (skipping the first two seconds of ramp-up).
 median_rate() { # log field
   grep -o "$2: *[0-9]*" "$1" | awk '{print $2}' | tail -n +3 | sort -n |
-    awk '{a[NR]=$1} END {if (NR==0) print 0; else print a[int((NR+1)/2)]}'
+    awk -v file="$1" '{a[NR]=$1} END {
+      if (NR > 0) { print a[int((NR+1)/2)]; exit }
+      print 0
+      print "dpdk-compare: no per-second rate after the ramp-up in " file ": --seconds too short" > "/dev/stderr"
+    }'
 }
 
 run_device() { # which dir size -> Mpps seen by the DPDK driver
