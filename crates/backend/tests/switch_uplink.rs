@@ -1,17 +1,25 @@
 //! `virtnet switch` with a TAP uplink in a network namespace: the namespace's stack and a
 //! guest (our driver) on a port talk through the switch. UDP datagrams from the stack reach the
 //! guest byte for byte (to its port's MAC, learned as static), and the guest's datagrams reach
-//! a socket of the stack; the uplink's counters agree.
+//! a socket of the stack; the uplink's counters agree. And the uplink's TAP deleted under the
+//! running switch, as an operator may: the guests go on switching, and the recovery check
+//! holds.
 //!
 //! Needs root (a network namespace with a TAP); skips with a printed reason otherwise
-//! (`VIRTNET_GUEST_REQUIRE=1` turns the skip into a failure).
+//! (`VIRTNET_GUEST_REQUIRE=1` turns the skip into a failure). Each case takes
+//! [`recovery::exclusive`]: the deletion case measures the process.
+
+mod switch_common;
 
 use std::net::UdpSocket;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use switch_common::{frame, port, send_all, sock, MAC};
 use testkit::inproc::{connect_socket, temp_dir, wait_tap_up, Pair, WANTED};
 use testkit::netns::{NetNs, TapSpec};
 use testkit::packages;
+use testkit::recovery::{self, Baseline, SwitchPorts};
 use virtnet_backend::switch::{FdbConfig, PortSpec, Switch, SwitchConfig};
 use virtnet_backend::{BackendConfig, IoMode};
 use virtnet_driver::{Frames, PollMode};
@@ -33,26 +41,15 @@ fn receive(p: &mut Pair, want: usize, within: Duration) -> Vec<Vec<u8>> {
     got
 }
 
-#[test]
-fn the_stack_behind_the_uplink_and_a_guest_exchange_datagrams() {
+/// A namespace named after `tag` with a TAP, and a switch (one worker) whose uplink it is,
+/// the TAP up; None (and a printed reason) without root or `ip`.
+fn switch_on_a_tap(tag: &str) -> Option<(NetNs, TapSpec, Arc<Switch>)> {
     if !packages::netns_ready(TEST) {
-        return;
+        return None;
     }
-    let ns = NetNs::create("swup").expect("network namespace");
+    let ns = NetNs::create(tag).expect("network namespace");
     let tap = TapSpec::for_backend();
     ns.add_tap(&tap).expect("TAP");
-    let mac = "52:54:00:12:34:56";
-    ns.exec(&[
-        "ip",
-        "neigh",
-        "add",
-        "10.99.0.2",
-        "lladdr",
-        mac,
-        "dev",
-        &tap.name,
-    ])
-    .expect("neighbour entry");
     let s = ns
         .run(|| {
             Switch::start(SwitchConfig {
@@ -67,6 +64,27 @@ fn the_stack_behind_the_uplink_and_a_guest_exchange_datagrams() {
         })
         .expect("switch");
     wait_tap_up(&ns, &tap.name);
+    Some((ns, tap, s))
+}
+
+#[test]
+fn the_stack_behind_the_uplink_and_a_guest_exchange_datagrams() {
+    let _exclusive = recovery::exclusive();
+    let Some((ns, tap, s)) = switch_on_a_tap("swup") else {
+        return;
+    };
+    let mac = "52:54:00:12:34:56";
+    ns.exec(&[
+        "ip",
+        "neigh",
+        "add",
+        "10.99.0.2",
+        "lladdr",
+        mac,
+        "dev",
+        &tap.name,
+    ])
+    .expect("neighbour entry");
     let dir = temp_dir("switch-uplink");
     let socket = dir.0.join("vm.sock");
     s.add_port(PortSpec {
@@ -145,5 +163,66 @@ fn the_stack_behind_the_uplink_and_a_guest_exchange_datagrams() {
         c.out.snapshot(),
         c.into.snapshot()
     );
+    s.shutdown();
+}
+
+/// The uplink's TAP deleted under a running switch (`ip link del` in its namespace): the
+/// worker's queue of it reports an error for good, and the worker stops watching it, under
+/// its seccomp filter. The guests go on switching: vm1's broadcasts reach vm2, their copies
+/// for the uplink dropped and counted (its writes fail); and the recovery check holds: the
+/// worker alive and idle (no spin on the dead descriptor), fresh connections to vm1 and vm2
+/// moving frames within a second, descriptors and memory as before the deletion.
+#[test]
+fn the_uplinks_tap_deleted_under_a_running_switch_leaves_the_guests_switching() {
+    let exclusive = recovery::exclusive();
+    let Some((ns, tap, s)) = switch_on_a_tap("swdel") else {
+        return;
+    };
+    let dir = temp_dir("switch-uplink-deleted");
+    for (k, name) in ["vm1", "vm2"].iter().enumerate() {
+        s.add_port(port(name, &sock(&dir, name), MAC[k])).unwrap();
+    }
+    let check = SwitchPorts::new(&s, "vm1", "vm2");
+    let base = Baseline::take(&exclusive, &check);
+    let (_, c) = s.uplink().unwrap();
+    let mut g: Vec<Pair> = ["vm1", "vm2"]
+        .iter()
+        .map(|name| connect_socket(&sock(&dir, name), WANTED, 2048))
+        .collect();
+    let broadcasts = |from: u32| -> Vec<Vec<u8>> {
+        (from..from + 16)
+            .map(|i| frame([0xff; 6], MAC[0], i, 64))
+            .collect()
+    };
+
+    // Before: a broadcast reaches vm2 and goes out of the uplink.
+    let before = broadcasts(0);
+    send_all(&mut g[0], &before);
+    assert_eq!(receive(&mut g[1], 16, Duration::from_secs(5)), before);
+    assert!(
+        testkit::eventually(Duration::from_secs(2), || c.out.snapshot().packets >= 16),
+        "out of the uplink: {:?}",
+        c.out.snapshot()
+    );
+
+    ns.exec(&["ip", "link", "del", &tap.name])
+        .expect("TAP deleted");
+    let dropped = c.out.snapshot().dropped;
+    let after = broadcasts(16);
+    send_all(&mut g[0], &after);
+    assert_eq!(
+        receive(&mut g[1], 16, Duration::from_secs(5)),
+        after,
+        "vm2 after the uplink's TAP went"
+    );
+    assert!(
+        testkit::eventually(Duration::from_secs(2), || {
+            c.out.snapshot().dropped >= dropped + 16
+        }),
+        "the uplink's copies are dropped and counted: {:?}",
+        c.out.snapshot()
+    );
+    drop(g);
+    recovery::assert_recovered(&check, &base);
     s.shutdown();
 }
