@@ -13,33 +13,19 @@ mod switch_common;
 
 use std::net::UdpSocket;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use switch_common::{frame, port, send_all, sock, MAC};
-use testkit::inproc::{connect_socket, temp_dir, wait_tap_up, Pair, WANTED};
+use switch_common::{frame, guests_on, port, receive, send_all, sock, MAC, NAMES};
+use testkit::inproc::{connect_socket, temp_dir, wait_tap_up, WANTED};
 use testkit::netns::{NetNs, TapSpec};
 use testkit::packages;
 use testkit::recovery::{self, Baseline, SwitchPorts};
-use virtnet_backend::switch::{FdbConfig, PortSpec, Switch, SwitchConfig};
+use virtnet_backend::switch::{FdbConfig, Switch, SwitchConfig};
 use virtnet_backend::{BackendConfig, IoMode};
-use virtnet_driver::{Frames, PollMode};
 use vnet::NetHdr;
 
 const TEST: &str = "switch_uplink";
 const GUEST_MAC: [u8; 6] = [0x52, 0x54, 0, 0x12, 0x34, 0x56];
-
-fn receive(p: &mut Pair, want: usize, within: Duration) -> Vec<Vec<u8>> {
-    let mut got = Vec::new();
-    let deadline = Instant::now() + within;
-    while got.len() < want && Instant::now() < deadline {
-        p.rx.poll(64, PollMode::Napi, Frames(|f: &[u8]| got.push(f.to_vec())))
-            .unwrap();
-        if got.len() < want {
-            p.rx.wait(10);
-        }
-    }
-    got
-}
 
 /// A namespace named after `tag` with a TAP, and a switch (one worker) whose uplink it is,
 /// the TAP up; None (and a printed reason) without root or `ip`.
@@ -87,15 +73,7 @@ fn the_stack_behind_the_uplink_and_a_guest_exchange_datagrams() {
     .expect("neighbour entry");
     let dir = temp_dir("switch-uplink");
     let socket = dir.0.join("vm.sock");
-    s.add_port(PortSpec {
-        name: "vm".into(),
-        socket: socket.clone(),
-        mac: GUEST_MAC,
-        queues: 1,
-        client: false,
-        spoof_check: true,
-    })
-    .unwrap();
+    s.add_port(port("vm", &socket, GUEST_MAC)).unwrap();
     let mut p = connect_socket(&socket, WANTED, 2048);
 
     // Host to guest: 200 datagrams of 1 to 1472 bytes, each whole in the guest.
@@ -179,16 +157,13 @@ fn the_uplinks_tap_deleted_under_a_running_switch_leaves_the_guests_switching() 
         return;
     };
     let dir = temp_dir("switch-uplink-deleted");
-    for (k, name) in ["vm1", "vm2"].iter().enumerate() {
+    for (k, name) in NAMES[..2].iter().enumerate() {
         s.add_port(port(name, &sock(&dir, name), MAC[k])).unwrap();
     }
     let check = SwitchPorts::new(&s, "vm1", "vm2");
     let base = Baseline::take(&exclusive, &check);
     let (_, c) = s.uplink().unwrap();
-    let mut g: Vec<Pair> = ["vm1", "vm2"]
-        .iter()
-        .map(|name| connect_socket(&sock(&dir, name), WANTED, 2048))
-        .collect();
+    let mut g = guests_on(&dir, 2);
     let broadcasts = |from: u32| -> Vec<Vec<u8>> {
         (from..from + 16)
             .map(|i| frame([0xff; 6], MAC[0], i, 64))
